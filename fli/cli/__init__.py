@@ -1,0 +1,1 @@
+"""Thin Hydra entry points: compose and validate the config, set up devices, call the library."""

@@ -1,0 +1,262 @@
+"""Configuration schemas: the one place where Hydra's composed config becomes typed values.
+
+Each group of ``conf/`` has a dataclass here, registered in Hydra's ConfigStore as the schema
+of the whole tree, so that an unknown key or a wrong type fails at composition with its name.
+``__post_init__`` checks ranges; :func:`to_config` turns a composed ``DictConfig`` into a
+frozen :class:`Config` (below it, library code sees plain values, never a ``DictConfig``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of its valid range; the message names the key."""
+
+
+def _check(cond: bool, key: str, valid: str, value: Any) -> None:
+    if not cond:
+        raise ConfigError(f"{key} must be {valid}, got {value!r}")
+
+
+def _finite(*vals: float) -> bool:
+    return all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals)
+
+
+@dataclass
+class CosmologyConfig:
+    """Flat LambdaCDM (+ w0/wa) parameters; h is H0 / (100 km/s/Mpc)."""
+
+    Omega_c: float = 0.2607
+    Omega_b: float = 0.0490
+    h: float = 0.6766
+    n_s: float = 0.9665
+    sigma8: float = 0.8102
+    w0: float = -1.0
+    wa: float = 0.0
+
+    def __post_init__(self) -> None:
+        for k in ("Omega_c", "Omega_b", "h", "n_s", "sigma8", "w0", "wa"):
+            _check(_finite(getattr(self, k)), f"cosmology.{k}", "a finite number", getattr(self, k))
+        _check(0 < self.Omega_c < 1, "cosmology.Omega_c", "in (0, 1)", self.Omega_c)
+        _check(0 <= self.Omega_b < 1, "cosmology.Omega_b", "in [0, 1)", self.Omega_b)
+        _check(self.Omega_c + self.Omega_b < 1, "cosmology.Omega_c + Omega_b", "< 1", self.Omega_c + self.Omega_b)
+        _check(0.2 < self.h < 2, "cosmology.h", "in (0.2, 2)", self.h)
+        _check(0.5 < self.n_s < 1.5, "cosmology.n_s", "in (0.5, 1.5)", self.n_s)
+        _check(0 < self.sigma8 < 3, "cosmology.sigma8", "in (0, 3)", self.sigma8)
+
+
+@dataclass
+class SimulationConfig:
+    """Particle-mesh simulation: one particle per cell of ``mesh`` in a periodic ``box``."""
+
+    mesh: list[int] = field(default_factory=lambda: [64, 64, 128])  # cells [nx, ny, nz]
+    box: list[float] = field(default_factory=lambda: [1000.0, 1000.0, 4500.0])  # [Mpc/h]
+    a_start: float = 0.1  # scale factor of the 2LPT initial conditions
+    n_steps: int = 10  # PM steps when not aligned to lens planes (linear in a)
+    lpt_order: int = 2  # 1: Zel'dovich, 2: 2LPT
+    halo: int = 4  # [cells] padding for painting/reading; must exceed the largest displacement
+    on_overflow: str = "raise"  # "raise" | "warn" when particles move further than the halo
+    dtype: str = "float32"  # "float32" | "float64"
+    fft_backend: str = "pencil"  # "pencil" | "jaxdecomp"
+    adjoint: str = "checkpoint"  # "checkpoint" | "reversible"
+
+    def __post_init__(self) -> None:
+        _check(len(self.mesh) == 3 and all(isinstance(n, int) and n >= 2 for n in self.mesh),
+               "simulation.mesh", "three integers >= 2", list(self.mesh))
+        _check(len(self.box) == 3 and _finite(*self.box) and all(b > 0 for b in self.box),
+               "simulation.box", "three positive lengths [Mpc/h]", list(self.box))
+        _check(_finite(self.a_start) and 0 < self.a_start < 1, "simulation.a_start", "in (0, 1)", self.a_start)
+        _check(self.n_steps >= 1, "simulation.n_steps", ">= 1", self.n_steps)
+        _check(self.lpt_order in (1, 2), "simulation.lpt_order", "1 or 2", self.lpt_order)
+        _check(self.halo >= 1, "simulation.halo", ">= 1 cell", self.halo)
+        _check(self.on_overflow in ("raise", "warn"), "simulation.on_overflow", "'raise' or 'warn'", self.on_overflow)
+        _check(self.dtype in ("float32", "float64"), "simulation.dtype", "'float32' or 'float64'", self.dtype)
+        _check(self.fft_backend in ("pencil", "jaxdecomp"), "simulation.fft_backend",
+               "'pencil' or 'jaxdecomp'", self.fft_backend)
+        _check(self.adjoint in ("checkpoint", "reversible"), "simulation.adjoint",
+               "'checkpoint' or 'reversible'", self.adjoint)
+
+
+@dataclass
+class LensingConfig:
+    """Flat-sky light cone: observer at z = 0 of the box looking along +z."""
+
+    fov_deg: float = 5.0  # [deg] side of the square map
+    npix: int = 64  # map pixels per side
+    n_planes: int = 16  # lens planes, slabs of equal comoving width
+    allow_replication: bool = False  # allow fov wider than the box at the farthest plane
+
+    def __post_init__(self) -> None:
+        _check(_finite(self.fov_deg) and 0 < self.fov_deg < 30, "lensing.fov_deg", "in (0, 30) degrees", self.fov_deg)
+        _check(self.npix >= 2, "lensing.npix", ">= 2", self.npix)
+        _check(self.n_planes >= 1, "lensing.n_planes", ">= 1", self.n_planes)
+
+
+@dataclass
+class NzBinConfig:
+    """One tomographic source bin: Smail n(z) ~ z^alpha exp(-(z/z0)^beta) on [z_min, z_max],
+    or a table (z, n(z)); ``n_gal`` galaxies per arcmin^2."""
+
+    kind: str = "smail"  # "smail" | "table"
+    z0: float = 0.5
+    alpha: float = 2.0
+    beta: float = 1.5
+    z_min: float = 0.0
+    z_max: float = 3.0
+    z: Optional[list[float]] = None
+    nz: Optional[list[float]] = None
+    n_gal: float = 10.0  # [arcmin^-2]
+
+    def __post_init__(self) -> None:
+        _check(self.kind in ("smail", "table"), "survey.bins[].kind", "'smail' or 'table'", self.kind)
+        _check(_finite(self.n_gal) and self.n_gal > 0, "survey.bins[].n_gal", "> 0 per arcmin^2", self.n_gal)
+        if self.kind == "smail":
+            _check(0 <= self.z_min < self.z_max, "survey.bins[].z_min/z_max", "0 <= z_min < z_max",
+                   (self.z_min, self.z_max))
+            _check(self.z0 > 0 and self.beta > 0, "survey.bins[].z0/beta", "> 0", (self.z0, self.beta))
+        else:
+            _check(self.z is not None and self.nz is not None and len(self.z) == len(self.nz) >= 2,
+                   "survey.bins[].z/nz", "two tables of the same length >= 2", (self.z, self.nz))
+
+
+@dataclass
+class SurveyConfig:
+    sigma_e: float = 0.26  # shape noise per galaxy (per component)
+    bins: list[NzBinConfig] = field(default_factory=lambda: [
+        NzBinConfig(z0=0.4, z_min=0.2, z_max=0.8, n_gal=10.0),
+        NzBinConfig(z0=0.8, z_min=0.8, z_max=1.6, n_gal=10.0),
+    ])
+    mask: Optional[str] = None  # path to a .npy boolean [npix, npix] map (True = observed)
+
+    def __post_init__(self) -> None:
+        _check(_finite(self.sigma_e) and self.sigma_e >= 0, "survey.sigma_e", ">= 0", self.sigma_e)
+        _check(len(self.bins) >= 1, "survey.bins", "a list of at least one bin", self.bins)
+
+
+@dataclass
+class ParamPrior:
+    dist: str = "uniform"  # "uniform" | "normal" | "truncated_normal"
+    low: float = 0.0
+    high: float = 1.0
+    loc: float = 0.0
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(self.dist in ("uniform", "normal", "truncated_normal"), "prior.<param>.dist",
+               "'uniform', 'normal' or 'truncated_normal'", self.dist)
+        _check(self.low < self.high, "prior.<param>.low/high", "low < high", (self.low, self.high))
+        _check(self.scale > 0, "prior.<param>.scale", "> 0", self.scale)
+
+
+@dataclass
+class PriorConfig:
+    sample: list[str] = field(default_factory=lambda: ["Omega_c", "sigma8"])
+    params: dict[str, ParamPrior] = field(default_factory=lambda: {
+        "Omega_c": ParamPrior(low=0.1, high=0.5),
+        "sigma8": ParamPrior(low=0.4, high=1.2),
+    })
+
+    def __post_init__(self) -> None:
+        allowed = ("Omega_c", "Omega_b", "h", "n_s", "sigma8", "w0", "wa")
+        for p in self.sample:
+            _check(p in allowed, "prior.sample", f"names among {allowed}", p)
+            _check(p in self.params, f"prior.params.{p}", "set for every sampled parameter", None)
+
+
+@dataclass
+class InferenceConfig:
+    map_steps: int = 500
+    map_lr: float = 0.05
+    num_warmup: int = 200
+    num_samples: int = 200
+    max_tree_depth: int = 6
+    chunk: int = 50
+
+    def __post_init__(self) -> None:
+        for k in ("map_steps", "num_warmup", "num_samples", "max_tree_depth", "chunk"):
+            _check(getattr(self, k) >= 1, f"inference.{k}", ">= 1", getattr(self, k))
+        _check(self.map_lr > 0, "inference.map_lr", "> 0", self.map_lr)
+
+
+@dataclass
+class DistributedConfig:
+    pdims: list[int] = field(default_factory=lambda: [1, 1])
+    coordinator: Optional[str] = None  # "host:port"; None: auto-detect SLURM / Open MPI
+    num_processes: Optional[int] = None
+    process_id: Optional[int] = None
+    local_device_count: Optional[int] = None  # CPU devices per process (CPU runs only)
+
+    def __post_init__(self) -> None:
+        _check(len(self.pdims) == 2 and all(p >= 1 for p in self.pdims), "distributed.pdims",
+               "two positive integers", list(self.pdims))
+        if self.coordinator is not None:
+            _check(self.num_processes is not None and self.process_id is not None,
+                   "distributed.num_processes/process_id", "set when distributed.coordinator is set",
+                   (self.num_processes, self.process_id))
+
+
+@dataclass
+class Config:
+    cosmology: CosmologyConfig = field(default_factory=CosmologyConfig)
+    simulation: SimulationConfig = field(default_factory=SimulationConfig)
+    lensing: LensingConfig = field(default_factory=LensingConfig)
+    survey: SurveyConfig = field(default_factory=SurveyConfig)
+    prior: PriorConfig = field(default_factory=PriorConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    seed: int = 0
+    run_dir: Optional[str] = None  # default: outputs/<command>/<timestamp>
+    mock: Optional[str] = None  # path of a fli-mock run directory (for fli-map / fli-nuts)
+    progress: bool = True
+    name: str = MISSING  # experiment name, set by the experiment file or config.yaml
+
+    def __post_init__(self) -> None:
+        sim, dist = self.simulation, self.distributed
+        px, py = dist.pdims
+        nx, ny, _ = sim.mesh
+        if nx % px or ny % py:
+            raise ConfigError(
+                f"simulation.mesh {list(sim.mesh)} is not divisible by distributed.pdims {[px, py]}: "
+                f"need mesh[0] % {px} == 0 and mesh[1] % {py} == 0"
+            )
+        bx, by = nx // px, ny // py
+        _check(sim.halo <= min(bx, by), "simulation.halo",
+               f"<= the local block {min(bx, by)} cells (mesh {list(sim.mesh)} over pdims {[px, py]})", sim.halo)
+
+
+def register_configs() -> None:
+    """Register :class:`Config` as the schema ``base_config`` of the config tree."""
+    from hydra.core.config_store import ConfigStore  # noqa: PLC0415
+
+    ConfigStore.instance().store(name="base_config", node=Config)
+
+
+def to_config(cfg: DictConfig | dict) -> Config:
+    """Validate a composed config and return it as :class:`Config` dataclasses.
+
+    Raises :class:`ConfigError` with a one-line message naming the bad key.
+    """
+    from omegaconf.errors import OmegaConfBaseException  # noqa: PLC0415
+
+    if isinstance(cfg, dict):
+        cfg = OmegaConf.create(cfg)
+    try:
+        schema = OmegaConf.structured(Config)
+        merged = OmegaConf.merge(schema, cfg)
+        obj = OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as e:  # unknown key, wrong type, missing value
+        msg = str(e).splitlines()[0]
+        key = getattr(e, "full_key", None)
+        raise ConfigError(f"{key}: {msg}" if key else msg) from None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    assert isinstance(obj, Config)
+    return obj
