@@ -1,0 +1,447 @@
+"""Differentiable flat LambdaCDM (+ w0/wa dark energy) background, growth and linear power.
+
+Everything here is a pure JAX function of a :class:`Cosmology` pytree, so ``jax.grad``,
+``jax.jit`` and ``jax.vmap`` work with respect to every parameter.
+
+Units and conventions
+---------------------
+* Scale factor ``a`` (dimensionless, ``a = 1`` today); ``y = ln a`` internally.
+* Distances in Mpc/h; wavenumbers ``k`` in h/Mpc; power spectra in (Mpc/h)^3.
+* The universe is flat and contains only matter (CDM + baryons, no massive neutrinos) and
+  dark energy with ``w(a) = w0 + wa (1 - a)``; radiation is neglected in the expansion
+  history (``Omega_de = 1 - Omega_m``).  The CMB temperature enters only the
+  Eisenstein & Hu transfer-function fit.
+* Growth: ``D1`` is the linear growing mode normalised to ``D1(a=1) = 1``.  ``D2`` is the
+  second-order (2LPT) growth factor with the sign convention ``D2 -> -(3/7) D1^2`` at early
+  times, so that the 2LPT displacement is ``Psi = -D1 grad(phi1) + D2 grad(phi2)`` where
+  ``laplacian(phi1) = delta_lin(a=1)`` and ``laplacian(phi2) = sum_{i>j} (phi1_ii phi1_jj -
+  phi1_ij^2)`` (the usual second-order source).  ``D2`` obeys
+  ``D2'' + (2 + dlnE/dlna) D2' - 1.5 Omega_m(a) D2 = -1.5 Omega_m(a) D1^2``  (' = d/dlna).
+
+Numerics
+--------
+The growth ODEs are solved by fixed-step RK4 (a ``lax.scan``) on a uniform grid of 264
+steps in ``ln a`` from ``a = 1e-3`` (matter domination: initial conditions ``D1 = a``,
+``D2 = -(3/7) a^2``) to ``a_max ~ 1.24``; the comoving distance is integrated on the same
+grid by Simpson's rule, summed outwards from ``a = 1``.  Values between nodes come from cubic
+Hermite interpolation using the exact ln a derivatives at the nodes (error ~1e-7).  Below
+``a = 1e-3`` the matter-dominated power laws / closed forms are used; above ``a_max`` values
+are clamped to the last node.
+Each function solves the ODE afresh (264 sequential RK4 steps) unless given
+``table=growth_table(cosmo)``; inside one jitted computation that needs several growth
+quantities, build the table once and pass it.  Pass arrays of ``a`` rather than looping.
+The computation dtype follows the dtype of the parameters and inputs (float32 or float64).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+C_OVER_H0 = 2997.92458  # c / H0 in Mpc/h (c = 299792.458 km/s, H0 = 100 h km/s/Mpc)
+T_CMB = 2.7255  # K, only used by the Eisenstein & Hu fit
+
+_A_MIN = 1e-3  # start of the growth/distance table (deep in matter domination)
+_N_TO_ONE = 256  # RK4 steps from ln(_A_MIN) to ln(1) = 0 (a = 1 is a grid node)
+_N_EXTRA = 8  # extra steps beyond a = 1 (up to a_max = exp(8 * 6.9078 / 256) ~ 1.24)
+_DY = -math.log(_A_MIN) / _N_TO_ONE
+
+_LNK_MIN, _LNK_MAX, _N_K = math.log(1e-5), math.log(1e2), 2049  # sigma_R quadrature [h/Mpc]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Cosmology:
+    """Flat w0waCDM parameters; every field is a pytree leaf (differentiable).
+
+    Attributes:
+        Omega_c: cold dark matter density today, in units of the critical density.
+        Omega_b: baryon density today.
+        h: H0 / (100 km/s/Mpc).
+        n_s: scalar spectral index of the primordial power spectrum.
+        sigma8: rms linear density contrast in top-hat spheres of 8 Mpc/h at a = 1.
+        w0, wa: dark-energy equation of state w(a) = w0 + wa (1 - a).
+    """
+
+    Omega_c: float
+    Omega_b: float
+    h: float
+    n_s: float
+    sigma8: float
+    w0: float = -1.0
+    wa: float = 0.0
+
+    @property
+    def Omega_m(self):
+        """Total matter density today, Omega_c + Omega_b."""
+        return self.Omega_c + self.Omega_b
+
+    @property
+    def Omega_de(self):
+        """Dark-energy density today, 1 - Omega_m (flat, radiation neglected)."""
+        return 1.0 - self.Omega_m
+
+    def replace(self, **kwargs) -> "Cosmology":
+        """A copy with the given fields replaced."""
+        return dataclasses.replace(self, **kwargs)
+
+    def validate(self) -> "Cosmology":
+        """Check concrete (non-traced) values; raise ``ValueError`` naming the bad field.
+
+        Valid ranges: Omega_c, Omega_b in (0, 1) with Omega_c + Omega_b < 1, h in (0.2, 2),
+        n_s in (0.5, 1.5), sigma8 in (0, 3), w0 in (-3, 0), wa in (-3, 3) and
+        w0 + wa < -1/3 (dark energy must be negligible at a = 1e-3, where the growth ODE
+        starts).  Array-valued (batched) fields are checked element-wise.  Returns self.
+        """
+        ranges = {"Omega_c": (0.0, 1.0), "Omega_b": (0.0, 1.0), "h": (0.2, 2.0),
+                  "n_s": (0.5, 1.5), "sigma8": (0.0, 3.0), "w0": (-3.0, 0.0), "wa": (-3.0, 3.0)}
+        for name, (lo, hi) in ranges.items():
+            v = np.asarray(getattr(self, name), dtype=float)
+            if not np.all(np.isfinite(v)):
+                raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
+            if not np.all((v > lo) & (v < hi)):
+                raise ValueError(f"{name} must be in ({lo:g}, {hi:g}), got {getattr(self, name)}")
+        om = np.asarray(self.Omega_c, dtype=float) + np.asarray(self.Omega_b, dtype=float)
+        if not np.all(om < 1.0):
+            raise ValueError(f"Omega_c + Omega_b must be < 1 (flat, Omega_de > 0), got {om}")
+        wsum = np.asarray(self.w0, dtype=float) + np.asarray(self.wa, dtype=float)
+        if not np.all(wsum < -1.0 / 3.0):
+            raise ValueError(f"w0 + wa must be < -1/3 (no early dark energy), got {wsum}")
+        return self
+
+
+def planck18() -> Cosmology:
+    """Planck 2018 TT,TE,EE+lowE+lensing+BAO (Planck Collaboration 2020, A&A 641, A6, Table 2,
+    last column): Omega_c = 0.11933/h^2, Omega_b = 0.02242/h^2, h = 0.6766, n_s = 0.9665,
+    sigma8 = 0.8102, w = -1.  Planck's 0.06 eV neutrino density (~0.0014) is left out, so
+    Omega_m = 0.3097 here rather than 0.3111."""
+    return Cosmology(Omega_c=0.2607, Omega_b=0.0490, h=0.6766, n_s=0.9665, sigma8=0.8102)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _dtype(cosmo, *xs):
+    dt = jnp.result_type(*jax.tree_util.tree_leaves(cosmo), *xs)
+    return dt if jnp.issubdtype(dt, jnp.floating) else jnp.result_type(float)
+
+
+def _cast(cosmo, *xs):
+    """Cast the parameters and the inputs ``xs`` to one common floating dtype."""
+    dt = _dtype(cosmo, *xs)
+    p = jax.tree_util.tree_map(lambda v: jnp.asarray(v, dt), cosmo)
+    return (p,) + tuple(jnp.asarray(x, dt) for x in xs)
+
+
+def _E2_dlnE(p: Cosmology, a):
+    """E(a)^2 = (H/H0)^2 and dlnE/dlna for flat w0waCDM (no radiation)."""
+    # rho_de(a) / rho_de(1) = a^{-3(1 + w0 + wa)} exp(-3 wa (1 - a))
+    rho_de = jnp.exp(-3.0 * (1.0 + p.w0 + p.wa) * jnp.log(a) - 3.0 * p.wa * (1.0 - a))
+    w = p.w0 + p.wa * (1.0 - a)
+    m = p.Omega_m * a ** -3
+    d = p.Omega_de * rho_de
+    e2 = m + d
+    return e2, -1.5 * (m + (1.0 + w) * d) / e2
+
+
+def E(cosmo: Cosmology, a):
+    """Dimensionless Hubble rate E(a) = H(a)/H0 = sqrt(Omega_m a^-3 + Omega_de rho_de(a))."""
+    p, a = _cast(cosmo, a)
+    return jnp.sqrt(_E2_dlnE(p, a)[0])
+
+
+def _rhs(p: Cosmology, y, s):
+    """d/dlna of the growth state s = (D1, D1', D2, D2') with ' = d/dlna."""
+    a = jnp.exp(y)
+    e2, dlne = _E2_dlnE(p, a)
+    om = p.Omega_m / (a ** 3 * e2)  # Omega_m(a)
+    fric = 2.0 + dlne
+    d1, d1p, d2, d2p = s[..., 0], s[..., 1], s[..., 2], s[..., 3]
+    return jnp.stack([d1p, -fric * d1p + 1.5 * om * d1,
+                      d2p, -fric * d2p + 1.5 * om * (d2 - d1 ** 2)], axis=-1)
+
+
+def _dchi_dlna(p: Cosmology, y):
+    """-dchi/dlna / (c/H0) = 1 / (a E(a))."""
+    a = jnp.exp(y)
+    return 1.0 / (a * jnp.sqrt(_E2_dlnE(p, a)[0]))
+
+
+class GrowthTable(NamedTuple):
+    """Tabulated growth and distance solution on the uniform ln a grid (a pytree).
+
+    Each (N, 2) field holds a quantity and its derivative with respect to ln a at the nodes,
+    as needed by the cubic Hermite interpolation.  Build it once with :func:`growth_table`
+    and pass it as ``table=`` to the growth/distance functions to avoid re-solving the ODE
+    when many of them are evaluated in one jitted computation (e.g. FastPM step factors).
+    """
+
+    lna: jax.Array  # (N,) ln a nodes, uniform, from ln(1e-3) to ~ln(1.24); node 256 is a = 1
+    d1: jax.Array  # D1 and dD1/dlna, normalised to D1(1) = 1
+    d1p: jax.Array  # dD1/dlna and d2D1/dlna2
+    d2: jax.Array  # D2 and dD2/dlna (D2 normalised by the same D1(1)^2)
+    d2p: jax.Array  # dD2/dlna and d2D2/dlna2
+    chi: jax.Array  # chi / (c/H0) (0 at a = 1) and dchi/dlna / (c/H0) = -1 / (a E)
+
+
+def _solve(p: Cosmology) -> GrowthTable:
+    dt = p.Omega_c.dtype
+    dy = jnp.asarray(_DY, dt)
+    ys = math.log(_A_MIN) + _DY * jnp.arange(_N_TO_ONE + _N_EXTRA + 1, dtype=dt)
+    a0 = jnp.asarray(_A_MIN, dt)
+    s0 = jnp.stack([a0, a0, -3.0 / 7.0 * a0 ** 2, -6.0 / 7.0 * a0 ** 2])
+
+    def step(s, y):  # classical RK4 in ln a
+        k1 = _rhs(p, y, s)
+        k2 = _rhs(p, y + 0.5 * dy, s + 0.5 * dy * k1)
+        k3 = _rhs(p, y + 0.5 * dy, s + 0.5 * dy * k2)
+        k4 = _rhs(p, y + dy, s + dy * k3)
+        s = s + dy / 6.0 * (k1 + 2.0 * k2 + 2.0 * k3 + k4)
+        return s, s
+
+    _, ss = jax.lax.scan(step, s0, ys[:-1])
+    ss = jnp.concatenate([s0[None], ss], axis=0)
+    ds = _rhs(p, ys, ss)  # exact ln a derivatives at the nodes, from the ODE
+    n1 = ss[_N_TO_ONE, 0]  # D1(a=1) before normalisation
+    col = lambda i, c: jnp.stack([ss[:, i], ds[:, i]], axis=-1) / c
+    # chi: Simpson's rule per interval, summed outwards from a = 1 (no cancellation near a = 1)
+    g = _dchi_dlna(p, ys)
+    inc = dy / 6.0 * (g[:-1] + 4.0 * _dchi_dlna(p, ys[:-1] + 0.5 * dy) + g[1:])
+    before = jnp.arange(inc.shape[0]) < _N_TO_ONE
+    zero = jnp.zeros((1,), dt)
+    chi = (jnp.concatenate([jnp.cumsum(jnp.where(before, inc, 0.0)[::-1])[::-1], zero])
+           - jnp.concatenate([zero, jnp.cumsum(jnp.where(before, 0.0, inc))]))
+    return GrowthTable(ys, col(0, n1), col(1, n1), col(2, n1 ** 2), col(3, n1 ** 2),
+                       jnp.stack([chi, -g], axis=-1))
+
+
+def growth_table(cosmo: Cosmology) -> GrowthTable:
+    """Solve the growth ODEs and the distance integral once (see :class:`GrowthTable`)."""
+    return _solve(_cast(cosmo)[0])
+
+
+def _setup(cosmo, x, table):
+    p, x = _cast(cosmo, x)
+    return p, x, (_solve(p) if table is None else table)
+
+
+def _hermite(x, xp, fm, uniform=False):
+    """Cubic Hermite interpolation at x (clamped to [xp[0], xp[-1]]) of nodes xp (increasing)
+    carrying values fm[:, 0] and derivatives fm[:, 1].  ``uniform``: xp is the ln a grid
+    ln(1e-3) + i * _DY, whose exact spacing avoids float32 rounding of node differences."""
+    x = jnp.clip(x, xp[0], xp[-1])
+    if uniform:
+        u = (x - math.log(_A_MIN)) / _DY
+        i = jnp.clip(jnp.floor(u).astype(jnp.int32), 0, xp.shape[0] - 2)
+        h, t = _DY, u - i
+    else:
+        i = jnp.clip(jnp.searchsorted(xp, x, side="right") - 1, 0, xp.shape[0] - 2)
+        h = xp[i + 1] - xp[i]
+        t = (x - xp[i]) / h
+    t2, t3 = t * t, t * t * t
+    return ((2 * t3 - 3 * t2 + 1) * fm[i, 0] + (t3 - 2 * t2 + t) * h * fm[i, 1]
+            + (3 * t2 - 2 * t3) * fm[i + 1, 0] + (t3 - t2) * h * fm[i + 1, 1])
+
+
+def _interp(tab: GrowthTable, which: str, a, power: float = 0.0):
+    """Interpolate a table column at a; below a = 1e-3 scale as a**power (matter era)."""
+    y = jnp.log(a)
+    val = _hermite(y, tab.lna, getattr(tab, which), uniform=True)
+    if power:
+        val = val * jnp.exp(power * jnp.minimum(y - tab.lna[0], 0.0))
+    return val
+
+
+# ---------------------------------------------------------------------- distances
+# Every function below takes an optional ``table=growth_table(cosmo)`` to reuse one solve.
+
+def comoving_distance(cosmo: Cosmology, a, table: GrowthTable | None = None):
+    """Comoving distance chi(a) = (c/H0) int_a^1 da' / (a'^2 E(a')) in Mpc/h (0 at a = 1,
+    negative for a > 1).  Below a = 1e-3 the matter-dominated closed form is used."""
+    p, a, tab = _setup(cosmo, a, table)
+    chi = _interp(tab, "chi", a)
+    amin = jnp.asarray(_A_MIN, a.dtype)
+    early = 2.0 / jnp.sqrt(p.Omega_m) * (jnp.sqrt(amin) - jnp.sqrt(jnp.minimum(a, amin)))
+    return C_OVER_H0 * (chi + early)
+
+
+def a_of_chi(cosmo: Cosmology, chi, table: GrowthTable | None = None):
+    """Scale factor at comoving distance chi [Mpc/h]: the inverse of :func:`comoving_distance`,
+    by cubic Hermite interpolation of ln a in chi (slope dlna/dchi = -a E H0/c).  Beyond
+    a = 1e-3 the matter-era closed form is inverted; beyond the particle horizon of that
+    radiation-free model it returns 0."""
+    p, chi, tab = _setup(cosmo, chi, table)
+    xc = tab.chi[::-1, 0] * C_OVER_H0  # increasing
+    fm = jnp.stack([tab.lna[::-1], 1.0 / (tab.chi[::-1, 1] * C_OVER_H0)], axis=-1)
+    a = jnp.exp(_hermite(chi, xc, fm))
+    # chi = chi(a_min) + 2 (c/H0) (sqrt(a_min) - sqrt(a)) / sqrt(Omega_m) for a < a_min
+    excess = jnp.maximum(chi - xc[-1], 0.0) * jnp.sqrt(p.Omega_m) / (2.0 * C_OVER_H0)
+    return jnp.where(chi > xc[-1], jnp.maximum(math.sqrt(_A_MIN) - excess, 0.0) ** 2, a)
+
+
+# -------------------------------------------------------------------------- growth
+
+def growth_factor(cosmo: Cosmology, a, table: GrowthTable | None = None):
+    """Linear growth factor D1(a), normalised to D1(1) = 1 (D1 ~ a in matter domination)."""
+    p, a, tab = _setup(cosmo, a, table)
+    return _interp(tab, "d1", a, 1.0)
+
+
+def growth_rate(cosmo: Cosmology, a, table: GrowthTable | None = None):
+    """Linear growth rate f1(a) = dlnD1/dlna."""
+    p, a, tab = _setup(cosmo, a, table)
+    return _interp(tab, "d1p", a, 1.0) / _interp(tab, "d1", a, 1.0)
+
+
+def growth_factor_derivative(cosmo: Cosmology, a, table: GrowthTable | None = None):
+    """dD1/da = f1 D1 / a (the FastPM drift factor g_p of Feng et al. 2016)."""
+    p, a, tab = _setup(cosmo, a, table)
+    return _interp(tab, "d1p", a, 1.0) / a
+
+
+def growth_factor_second(cosmo: Cosmology, a, table: GrowthTable | None = None):
+    """Second-order (2LPT) growth factor D2(a), with D2 -> -(3/7) D1^2 at early times
+    (so D2 < 0; 2LPT displacement Psi = -D1 grad(phi1) + D2 grad(phi2), see module doc).
+    Solves D2'' + (2 + dlnE/dlna) D2' - 1.5 Omega_m(a) D2 = -1.5 Omega_m(a) D1^2."""
+    p, a, tab = _setup(cosmo, a, table)
+    return _interp(tab, "d2", a, 2.0)
+
+
+def growth_rate_second(cosmo: Cosmology, a, table: GrowthTable | None = None):
+    """Second-order growth rate f2(a) = dlnD2/dlna (-> 2 in matter domination)."""
+    p, a, tab = _setup(cosmo, a, table)
+    return _interp(tab, "d2p", a, 2.0) / _interp(tab, "d2", a, 2.0)
+
+
+def growth_factor_second_derivative(cosmo: Cosmology, a, table: GrowthTable | None = None):
+    """dD2/da = f2 D2 / a (first derivative of the second-order growth factor)."""
+    p, a, tab = _setup(cosmo, a, table)
+    return _interp(tab, "d2p", a, 2.0) / a
+
+
+def growth_Gf(cosmo: Cosmology, a, table: GrowthTable | None = None):
+    """FastPM kick function G_f(a) = a^3 E(a) dD1/da  (Feng et al. 2016, arXiv:1603.00476)."""
+    p, a, tab = _setup(cosmo, a, table)
+    return a ** 2 * jnp.sqrt(_E2_dlnE(p, a)[0]) * _interp(tab, "d1p", a, 1.0)
+
+
+def growth_gf(cosmo: Cosmology, a, table: GrowthTable | None = None):
+    """g_f(a) = dG_f/da = 1.5 Omega_m D1(a) / (a^2 E(a)), exact by the growth ODE
+    d/da (a^3 E dD1/da) = 1.5 Omega_m D1 / (a^2 E)."""
+    p, a, tab = _setup(cosmo, a, table)
+    return 1.5 * p.Omega_m * _interp(tab, "d1", a, 1.0) / (a ** 2 * jnp.sqrt(_E2_dlnE(p, a)[0]))
+
+
+def growth_Gf2(cosmo: Cosmology, a, table: GrowthTable | None = None):
+    """Second-order kick function G_f2(a) = a^3 E(a) dD2/da (D2 in this module's convention)."""
+    p, a, tab = _setup(cosmo, a, table)
+    return a ** 2 * jnp.sqrt(_E2_dlnE(p, a)[0]) * _interp(tab, "d2p", a, 2.0)
+
+
+def growth_gf2(cosmo: Cosmology, a, table: GrowthTable | None = None):
+    """g_f2(a) = dG_f2/da = 1.5 Omega_m (D2 - D1^2) / (a^2 E), exact by the D2 ODE."""
+    p, a, tab = _setup(cosmo, a, table)
+    d1, d2 = _interp(tab, "d1", a, 1.0), _interp(tab, "d2", a, 2.0)
+    return 1.5 * p.Omega_m * (d2 - d1 ** 2) / (a ** 2 * jnp.sqrt(_E2_dlnE(p, a)[0]))
+
+
+# --------------------------------------------------------------------- linear power
+
+def eisenstein_hu_transfer(cosmo: Cosmology, k, T_cmb: float = T_CMB):
+    """Eisenstein & Hu (1998, ApJ 496, 605) matter transfer function with baryon acoustic
+    oscillations (their eqs. 2-24, sound horizon from eq. 6), for k in h/Mpc.  Needs k > 0
+    (T -> 1 as k -> 0; k = 0 itself gives NaN, see :func:`linear_power` for the guard)."""
+    p, k = _cast(cosmo, k)
+    h, fb, fc = p.h, p.Omega_b / p.Omega_m, p.Omega_c / p.Omega_m
+    wm, wb = p.Omega_m * h ** 2, p.Omega_b * h ** 2
+    th = T_cmb / 2.7
+    kk = k * h  # 1/Mpc
+    z_eq = 2.50e4 * wm * th ** -4  # eq. 2
+    k_eq = 7.46e-2 * wm * th ** -2  # eq. 3, 1/Mpc
+    b1 = 0.313 * wm ** -0.419 * (1.0 + 0.607 * wm ** 0.674)  # eq. 4
+    b2 = 0.238 * wm ** 0.223
+    z_d = 1291.0 * wm ** 0.251 / (1.0 + 0.659 * wm ** 0.828) * (1.0 + b1 * wb ** b2)
+    r_d = 31.5 * wb * th ** -4 * (1e3 / z_d)  # eq. 5: baryon/photon momentum ratio
+    r_eq = 31.5 * wb * th ** -4 * (1e3 / z_eq)
+    s = (2.0 / (3.0 * k_eq) * jnp.sqrt(6.0 / r_eq)  # eq. 6: sound horizon [Mpc]
+         * jnp.log((jnp.sqrt(1.0 + r_d) + jnp.sqrt(r_d + r_eq)) / (1.0 + jnp.sqrt(r_eq))))
+    k_silk = 1.6 * wb ** 0.52 * wm ** 0.73 * (1.0 + (10.4 * wm) ** -0.95)  # eq. 7
+    q = kk / (13.41 * k_eq)  # eq. 10
+    a1 = (46.9 * wm) ** 0.670 * (1.0 + (32.1 * wm) ** -0.532)  # eq. 11
+    a2 = (12.0 * wm) ** 0.424 * (1.0 + (45.0 * wm) ** -0.582)
+    alpha_c = a1 ** -fb * a2 ** -(fb ** 3)
+    c1 = 0.944 / (1.0 + (458.0 * wm) ** -0.708)  # eq. 12
+    c2 = (0.395 * wm) ** -0.0266
+    beta_c = 1.0 / (1.0 + c1 * (fc ** c2 - 1.0))
+    yy = (1.0 + z_eq) / (1.0 + z_d)  # eq. 15
+    sq = jnp.sqrt(1.0 + yy)
+    gy = yy * (-6.0 * sq + (2.0 + 3.0 * yy) * jnp.log((sq + 1.0) / (sq - 1.0)))
+    alpha_b = 2.07 * k_eq * s * (1.0 + r_d) ** -0.75 * gy  # eq. 14
+    beta_node = 8.41 * wm ** 0.435  # eq. 23
+    beta_b = 0.5 + fb + (3.0 - 2.0 * fb) * jnp.sqrt((17.2 * wm) ** 2 + 1.0)  # eq. 24
+
+    def t0(alpha, beta):  # eqs. 19-20
+        lg = jnp.log(jnp.e + 1.8 * beta * q)
+        return lg / (lg + (14.2 / alpha + 386.0 / (1.0 + 69.9 * q ** 1.08)) * q ** 2)
+
+    ks = kk * s
+    f = 1.0 / (1.0 + (ks / 5.4) ** 4)  # eq. 18
+    t_c = f * t0(1.0, beta_c) + (1.0 - f) * t0(alpha_c, beta_c)  # eq. 17
+    x = kk * s / (1.0 + (beta_node / ks) ** 3) ** (1.0 / 3.0)  # eq. 22: k * s_tilde
+    t_b = (t0(1.0, 1.0) / (1.0 + (ks / 5.2) ** 2)  # eq. 21
+           + alpha_b / (1.0 + (beta_b / ks) ** 3) * jnp.exp(-((kk / k_silk) ** 1.4))) * jnp.sin(x) / x
+    return fb * t_b + fc * t_c  # eq. 16
+
+
+def _tophat(x):
+    """Fourier transform of a unit top-hat, 3 (sin x - x cos x) / x^3; Taylor series below
+    x = 0.5 (truncation < 1e-11; avoids the float32 cancellation of the closed form)."""
+    small = x < 0.5
+    xs = jnp.where(small, 1.0, x)
+    big = 3.0 * (jnp.sin(xs) - xs * jnp.cos(xs)) / xs ** 3
+    x2 = x * x
+    series = 1.0 + x2 * (-1 / 10 + x2 * (1 / 280 + x2 * (-1 / 15120 + x2 / 1330560)))
+    return jnp.where(small, series, big)
+
+
+def _sigma2_unnorm(p: Cosmology, R):
+    """int dlnk k^3 k^n_s T(k)^2 W(kR)^2 / (2 pi^2) by Simpson's rule on a log-k grid."""
+    dt = p.Omega_c.dtype
+    lnk = jnp.linspace(_LNK_MIN, _LNK_MAX, _N_K, dtype=dt)
+    k = jnp.exp(lnk)
+    dlnk = (_LNK_MAX - _LNK_MIN) / (_N_K - 1)  # exact step (lnk[1] - lnk[0] is not, in float32)
+    w = jnp.ones(_N_K, dt).at[1:-1:2].set(4.0).at[2:-1:2].set(2.0) * (dlnk / 3.0)
+    pk = k ** (3.0 + p.n_s) * eisenstein_hu_transfer(p, k) ** 2 / (2.0 * jnp.pi ** 2)
+    win = _tophat(jnp.asarray(R, dt)[..., None] * k)
+    return jnp.sum(w * pk * win ** 2, axis=-1)
+
+
+def _amplitude(p: Cosmology):
+    """A such that P(k, a=1) = A k^n_s T(k)^2 has sigma(R = 8 Mpc/h) = sigma8."""
+    return p.sigma8 ** 2 / _sigma2_unnorm(p, 8.0)
+
+
+def linear_power(cosmo: Cosmology, k, a=1.0, table: GrowthTable | None = None):
+    """Linear matter power spectrum P(k, a) = A k^n_s T_EH(k)^2 D1(a)^2 in (Mpc/h)^3.
+
+    ``k`` [h/Mpc] and ``a`` broadcast against each other (e.g. ``k[:, None], a[None, :]``
+    for a (nk, na) table).  A is fixed by sigma(8 Mpc/h, a=1) = sigma8.  P(k=0) = 0 with
+    finite gradients.
+    """
+    p, k, a = _cast(cosmo, k, a)
+    tab = _solve(p) if table is None else table
+    pos = k > 0
+    ks = jnp.where(pos, k, 1.0)  # double-where guard for k = 0
+    pk = _amplitude(p) * ks ** p.n_s * eisenstein_hu_transfer(p, ks) ** 2
+    return jnp.where(pos, pk, 0.0) * _interp(tab, "d1", a, 1.0) ** 2
+
+
+def sigma_R(cosmo: Cosmology, R, a=1.0):
+    """rms linear density contrast in top-hat spheres of radius R [Mpc/h] at scale factor a
+    (R and a broadcast); sigma_R(8, 1) = sigma8 by construction."""
+    p, R, a = _cast(cosmo, R, a)
+    return jnp.sqrt(_amplitude(p) * _sigma2_unnorm(p, R)) * _interp(_solve(p), "d1", a, 1.0)
