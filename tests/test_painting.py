@@ -1,0 +1,318 @@
+"""CIC paint/read with halos: against numpy on the global periodic box, on every layout."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # if run alone
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from fli import painting  # noqa: E402
+from fli.painting import (  # noqa: E402
+    EXCHANGES,
+    check_halo,
+    cic_paint,
+    cic_read,
+    fold_exchange,
+    max_displacement,
+    pad_exchange,
+    required_halo,
+)
+from fli.sharding import make_mesh  # noqa: E402
+
+LAYOUTS = [(1, 1), (2, 2), (2, 4), (1, 8), (8, 1)]
+HALO = 2
+
+
+def _shape(pdims):
+    # non-cubic, nx != ny; the smallest local block is 2 cells (= HALO) on (2, 4), (1, 8), (8, 1)
+    return (8, 16, 12) if pdims == (1, 8) else (16, 8, 12)
+
+
+def _mesh(pdims):
+    if jax.device_count() < pdims[0] * pdims[1]:
+        pytest.skip(f"needs {pdims[0] * pdims[1]} devices")
+    return make_mesh(pdims)
+
+
+def _put(x, mesh, spec=P("x", "y")):
+    return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+def _disp(rng, shape, halo, dtype=np.float32):
+    """Random displacements using the whole halo in x and y (exact limit: -h <= d < h), with
+    some particles pinned at both limits; z displacements of several box lengths."""
+    d = rng.uniform(-halo, halo, shape + (3,))
+    d[..., 2] = rng.uniform(-30, 30, shape)
+    d[0, 0, 0, :2] = -halo
+    d[-1, -1, -1, :2] = halo - 1e-3
+    d[1, 2, 3, 0] = halo - 1e-3
+    return d.astype(dtype)
+
+
+# --------------------------------------------------------------------------- numpy reference
+
+
+def _corners(disp):
+    shape = disp.shape[:3]
+    n = np.array(shape)
+    lag = np.stack(np.meshgrid(*[np.arange(s) for s in shape], indexing="ij"), -1)
+    q = lag + disp.astype(np.float64)
+    i0 = np.floor(q).astype(int)
+    f = q - i0
+    for c in np.ndindex(2, 2, 2):
+        c = np.array(c)
+        idx = (i0 + c) % n
+        yield (idx[..., 0], idx[..., 1], idx[..., 2]), np.prod(np.where(c == 1, f, 1 - f), -1)
+
+
+def np_paint(disp, weight=None):
+    out = np.zeros(disp.shape[:3])
+    weight = np.ones(disp.shape[:3]) if weight is None else weight
+    for idx, w in _corners(disp):
+        np.add.at(out, idx, w * weight)
+    return out
+
+
+def np_read(field, disp):
+    return sum(w * field[idx] for idx, w in _corners(disp))
+
+
+# --------------------------------------------------------------------------- paint and read
+
+
+@pytest.mark.parametrize("exchange", EXCHANGES)
+@pytest.mark.parametrize("pdims", LAYOUTS)
+def test_paint_and_read_match_numpy(pdims, exchange):
+    mesh = _mesh(pdims)
+    shape = _shape(pdims)
+    rng = np.random.default_rng(1)
+    disp = _disp(rng, shape, HALO)
+    weight = rng.uniform(0.5, 2.0, shape).astype(np.float32)
+    comps = rng.normal(size=(3,) + shape).astype(np.float32)
+
+    variants = pdims == (2, 4)  # the other input forms once (each compile costs ~1 s here)
+
+    @jax.jit
+    def run(d, w, comps):
+        out = [
+            cic_paint(d, mesh, HALO, exchange=exchange),
+            cic_paint(d, mesh, HALO, w, exchange=exchange),
+            cic_read(comps, d, mesh, HALO, exchange=exchange),
+        ]
+        if variants:
+            out.append(jnp.stack([cic_read(c, d, mesh, HALO, exchange=exchange) for c in comps], -1))
+            out.append(cic_read(tuple(comps), d, mesh, HALO, exchange=exchange))
+        return out
+
+    out = run(_put(disp, mesh), _put(weight, mesh), _put(comps, mesh, P(None, "x", "y")))
+    rho, rho_w, three = (np.asarray(r) for r in out[:3])
+    assert rho.shape == shape and rho.dtype == np.float32 and three.shape == shape + (3,)
+
+    # paint. float32: each cell sums a few dozen float32 weight products (eps 6e-8 each); 1e-5
+    # of the peak leaves two orders of magnitude of margin
+    for got, want in ((rho, np_paint(disp)), (rho_w, np_paint(disp, weight))):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    # mass conservation: float32 sum of 1536 values of order 1 (pairwise rounding ~1e-7)
+    np.testing.assert_allclose(rho.astype(np.float64).sum(), np.prod(shape), rtol=1e-6)
+
+    # read. float32: 8 products of float32 weights and unit-variance values: 1e-5 absolute
+    for c in range(3):
+        np.testing.assert_allclose(three[..., c], np_read(comps[c].astype(np.float64), disp), atol=1e-5)
+    if variants:
+        singles, as_tuple = (np.asarray(r) for r in out[3:])
+        # one pass of three components == three single reads: the same arithmetic per
+        # component, only XLA's fusion/FMA choices may differ: 1e-6
+        np.testing.assert_allclose(three, singles, rtol=0, atol=1e-6)
+        np.testing.assert_array_equal(three, as_tuple)
+
+
+@pytest.mark.parametrize("pdims", [(1, 1), (2, 4)])
+def test_lattice_paints_exactly_one(pdims):
+    mesh = _mesh(pdims)
+    shape = _shape(pdims)
+    paint = jax.jit(lambda d: [cic_paint(d, mesh, HALO, exchange=ex) for ex in EXCHANGES])
+    # unperturbed, and shifted by whole cells across the device boundaries (weights 1 and 0)
+    for shift in ((0, 0, 0), (1, -2, 5), (-2, 1, -13)):
+        disp = np.broadcast_to(np.asarray(shift, np.float32), shape + (3,))
+        for rho in paint(_put(np.array(disp), mesh)):
+            assert np.array_equal(np.asarray(rho), np.ones(shape, np.float32)), shift
+
+
+def test_mass_conservation_float64_and_overflow():
+    mesh = _mesh((2, 4))
+    shape = _shape((2, 4))
+    rng = np.random.default_rng(2)
+    with jax.enable_x64(True):
+        disp = _disp(rng, shape, HALO, np.float64)
+        # particles far beyond the halo are clipped onto it: mass is still conserved, and the
+        # measured displacement flags the overflow
+        wild = disp * 3.0
+
+        @jax.jit
+        def run(d, wild):
+            sums = [cic_paint(x, mesh, HALO, exchange=ex).sum() for x in (d, wild) for ex in EXCHANGES]
+            rho = cic_paint(wild, mesh, HALO)
+            return jnp.stack(sums), rho.dtype == jnp.float64, rho.min(), max_displacement(wild)
+
+        sums, is64, rho_min, m = run(_put(disp, mesh), _put(wild, mesh))
+    assert bool(is64) and float(rho_min) >= 0.0
+    # float64: 1536 unit masses, rounding ~1e-13
+    np.testing.assert_allclose(np.asarray(sums), np.prod(shape), rtol=0, atol=1e-9)
+    assert float(m) == pytest.approx(np.abs(wild[..., :2]).max())
+    with pytest.raises(ValueError, match="increase simulation.halo"):
+        check_halo(m, HALO)
+
+
+# --------------------------------------------------------------------------- adjoints, gradients
+
+
+@pytest.mark.parametrize("pdims", [(2, 4), (1, 8)])
+def test_paint_and_read_are_transposes(pdims):
+    mesh = _mesh(pdims)
+    shape = _shape(pdims)
+    rng = np.random.default_rng(4)
+    nx, ny, nz = shape
+    with jax.enable_x64(True):
+        disp = _put(_disp(rng, shape, HALO, np.float64), mesh)
+        w = _put(rng.normal(size=shape), mesh)
+        f = _put(rng.normal(size=shape), mesh)
+        padded = _put(rng.normal(size=(nx + 2 * HALO * pdims[0], ny + 2 * HALO * pdims[1], nz)), mesh)
+
+        @jax.jit
+        def products(disp, w, f, padded):
+            out = []
+            for ex in EXCHANGES:
+                out.append(jnp.vdot(cic_paint(disp, mesh, HALO, w, exchange=ex), f))
+                out.append(jnp.vdot(w, cic_read(f, disp, mesh, HALO, exchange=ex)))
+                out.append(jnp.vdot(pad_exchange(f, mesh, HALO, ex), padded))
+                out.append(jnp.vdot(f, fold_exchange(padded, mesh, HALO, ex)))
+            return jnp.stack(out)
+
+        p = np.asarray(products(disp, w, f, padded)).reshape(len(EXCHANGES), 2, 2)
+    # float64, sums of ~1e3 terms of order 1: 1e-12 relative. <paint(d, w), f> == <w, read(f, d)>,
+    # and the halo exchanges alone: fold is the transpose of pad; both exchanges agree
+    np.testing.assert_allclose(p[..., 0], p[..., 1], rtol=1e-12)
+    np.testing.assert_allclose(p[0], p[-1], rtol=1e-12)
+
+
+def _directional_fd(loss, x, v, eps=1e-6):
+    return (loss(x + eps * v) - loss(x - eps * v)) / (2 * eps)
+
+
+@pytest.mark.parametrize("exchange", EXCHANGES)
+@pytest.mark.parametrize("pdims", [(2, 4)])
+def test_gradients_match_finite_differences(pdims, exchange):
+    mesh = _mesh(pdims)
+    shape = _shape(pdims)
+    rng = np.random.default_rng(5)
+    with jax.enable_x64(True):
+        # keep 1e-6 away from integer cell offsets so +-eps stays on one linear CIC piece
+        d0 = _disp(rng, shape, HALO - 0.01, np.float64)
+        frac = d0 - np.floor(d0)
+        d0 = np.where(frac < 1e-3, d0 + 2e-3, np.where(frac > 1 - 1e-3, d0 - 2e-3, d0))
+        d = _put(d0, mesh)
+        w = _put(rng.uniform(0.5, 2.0, shape), mesh)
+        f = _put(rng.normal(size=shape), mesh)
+        f3 = _put(rng.normal(size=(3,) + shape), mesh, P(None, "x", "y"))
+        ct = _put(rng.normal(size=shape + (3,)), mesh)
+
+        @jax.jit
+        def paint_loss(d, w):
+            return jnp.vdot(cic_paint(d, mesh, HALO, w, exchange=exchange), f)
+
+        @jax.jit
+        def read_loss(d, g):
+            return jnp.vdot(cic_read(g, d, mesh, HALO, exchange=exchange), ct)
+
+        @jax.jit
+        def grads(d, w, g):
+            return jax.grad(paint_loss, (0, 1))(d, w), jax.grad(read_loss, (0, 1))(d, g)
+
+        (gd_p, gw), (gd_r, gf) = grads(d, w, f3)
+        vd = _put(rng.normal(size=d.shape), mesh)
+        vw = _put(rng.normal(size=shape), mesh)
+        vf = _put(rng.normal(size=f3.shape), mesh, P(None, "x", "y"))
+        r = []
+        for loss, o, g_d, g_o, v in ((paint_loss, w, gd_p, gw, vw), (read_loss, f3, gd_r, gf, vf)):
+            r.append((jnp.vdot(g_d, vd), _directional_fd(lambda x: loss(x, o), d, vd)))
+            r.append((jnp.vdot(g_o, v), _directional_fd(lambda x: loss(d, x), o, v)))
+        r = np.asarray(r, dtype=np.float64)
+    # float64: CIC is multilinear on each cell, so central differences are exact up to rounding
+    # (~1e-16 / 1e-6 relative to sums of order 1e2): 1e-7 relative
+    np.testing.assert_allclose(r[:, 0], r[:, 1], rtol=1e-7)
+
+
+def test_gradients_agree_between_exchanges_float32():
+    # a slab layout (the finite-difference test covers the pencil one)
+    mesh = _mesh((1, 8))
+    shape = _shape((1, 8))
+    rng = np.random.default_rng(6)
+    d = _put(_disp(rng, shape, HALO), mesh)
+    f3 = _put(rng.normal(size=(3,) + shape).astype(np.float32), mesh, P(None, "x", "y"))
+
+    def loss(d, exchange):
+        rho = cic_paint(d, mesh, HALO, exchange=exchange)
+        force = cic_read(f3, d, mesh, HALO, exchange=exchange)
+        return jnp.sum(rho**2) + jnp.sum(force * d)
+
+    g = [np.asarray(jax.jit(jax.grad(loss), static_argnums=1)(d, ex)) for ex in EXCHANGES]
+    # float32, same arithmetic in a different order: 1e-5 of the largest component
+    np.testing.assert_allclose(g[0], g[1], rtol=0, atol=1e-5 * np.abs(g[0]).max())
+
+
+# --------------------------------------------------------------------------- halo checks
+
+
+def test_halo_validation_before_compile(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("validation must happen before tracing")
+
+    monkeypatch.setattr(painting, "_paint", boom)
+    monkeypatch.setattr(painting, "_read", boom)
+    mesh = _mesh((2, 4))
+    disp = jnp.zeros((16, 8, 12, 3))  # local blocks 8 x 2
+    for halo in (3, 0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="halo") as err:
+            cic_paint(disp, mesh, halo)
+        if halo == 3:
+            assert "(8, 2)" in str(err.value)
+        with pytest.raises(ValueError, match="halo"):
+            cic_read(jnp.zeros((16, 8, 12)), disp, mesh, halo)
+    with pytest.raises(ValueError, match="exchange"):
+        cic_paint(disp, mesh, 1, exchange="mpi")
+    with pytest.raises(ValueError, match="divisible"):
+        cic_paint(jnp.zeros((15, 8, 12, 3)), mesh, 1)
+    with pytest.raises(ValueError, match="does not match"):
+        cic_read(jnp.zeros((16, 8, 4)), disp, mesh, 1)
+    with pytest.raises(ValueError, match="weight"):
+        cic_paint(disp, mesh, 1, jnp.zeros((16, 8, 11)))
+
+
+def test_check_halo_policies():
+    assert check_halo(1.999, 2) is True
+    assert check_halo(jnp.float32(0.0), 1) is True
+    with pytest.raises(ValueError, match=r"particles moved 2\.5 cells but halo is 2 cells: increase "
+                       r"simulation\.halo to >= 3"):
+        check_halo(2.5, 2, "raise")
+    with pytest.raises(ValueError, match="halo to >= 3"):
+        check_halo(2.0, 2)  # d = +h would need the cell h+1 beyond the block
+    with pytest.warns(RuntimeWarning, match="increase simulation.halo to >= 5"):
+        assert check_halo(np.float64(4.2), 3, "warn") is False
+    with pytest.raises(ValueError, match="not finite"):
+        check_halo(float("nan"), 4)
+    with pytest.raises(ValueError, match="policy"):
+        check_halo(0.5, 2, "ignore")
+    assert required_halo(0.0) == 1 and required_halo(2.5) == 3 and required_halo(3.0) == 4
+
+
+def test_max_displacement_ignores_z():
+    mesh = _mesh((2, 2))
+    disp = np.zeros((8, 8, 4, 3), np.float32)
+    disp[3, 5, 1] = (-1.25, 0.5, 40.0)
+    disp[6, 1, 2] = (0.25, 0.75, -9.0)
+    assert float(jax.jit(max_displacement)(_put(disp, mesh))) == 1.25
