@@ -215,3 +215,22 @@ def process_allgather(x: jax.Array) -> np.ndarray:
 
 def n_devices_needed(pdims: Sequence[int]) -> int:
     return math.prod(parse_pdims(pdims))
+
+
+def to_field(x: jax.Array, mesh: Mesh) -> jax.Array:
+    """A replicated ``[nx, ny, ...]`` array (e.g. a NumPyro latent) as a field sharded ``P('x','y')``.
+
+    Each device slices its own block inside ``shard_map``. Going straight from a replicated
+    array into the FFT with ``with_sharding_constraint`` is one of the patterns that crash
+    XLA's CPU FFT inside NUTS; this is the one that works.
+    """
+    px, py = mesh_pdims(mesh)
+    check_divisible(x.shape, (px, py), "field")
+    bx, by = x.shape[0] // px, x.shape[1] // py
+
+    def local(x):
+        i, j = jax.lax.axis_index("x") * bx, jax.lax.axis_index("y") * by
+        start = (i, j) + (0,) * (x.ndim - 2)
+        return jax.lax.dynamic_slice(x, start, (bx, by, *x.shape[2:]))
+
+    return jax.shard_map(local, mesh=mesh, in_specs=P(), out_specs=FIELD_SPEC, check_vma=False)(x)

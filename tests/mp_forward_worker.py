@@ -1,0 +1,25 @@
+"""Worker for test_multiprocess: one of N processes (2 CPU devices each) of a distributed run.
+
+usage: python mp_forward_worker.py PORT NPROC PID OUT.npy
+"""
+
+import os
+import sys
+
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+
+port, nproc, pid, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+jax.config.update("jax_num_cpu_devices", 2)
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=pid)
+
+import numpy as np  # noqa: E402
+
+from tests.test_multiprocess import forward_density  # noqa: E402
+from fli.sharding import process_allgather  # noqa: E402
+
+rho = process_allgather(forward_density((2, 2)))
+if pid == 0:
+    np.save(out, rho)
+print(f"process {pid}: {jax.process_count()} processes, {jax.device_count()} devices, ok", flush=True)

@@ -1,0 +1,183 @@
+"""Forward model: layouts, conservation, reversibility, gradients, adjoints, physics limits."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fli.cosmology import growth_factor, planck18
+from fli.grid import Grid
+from fli.lpt import linear_field, linear_modes, lpt
+from fli.nbody import (
+    PMState,
+    _step,
+    _unstep,
+    check_scale_factors,
+    density,
+    initial_state,
+    simulate,
+    step_coefficients,
+)
+from fli.fft import lattice_cic_response
+from fli.power import power_spectrum
+from fli.sharding import make_mesh, white_noise
+
+from .conftest import LAYOUTS
+
+SHAPE, BOX = (16, 16, 24), (320.0, 320.0, 480.0)  # non-cubic mesh and box
+A_STEPS = np.linspace(0.1, 1.0, 6)
+
+
+def _run(pdims, adjoint="checkpoint", dtype="float32", shape=SHAPE, box=BOX, a_steps=A_STEPS, halo=2):
+    grid = Grid(shape, box, make_mesh(pdims), halo=halo, dtype=dtype)
+    noise = white_noise(3, shape, grid.mesh, dtype=grid.jdtype)
+    cosmo = jax.tree.map(lambda v: jnp.asarray(v, grid.jdtype), planck18())
+    st, _, maxd = jax.jit(lambda c, s: simulate(c, s, grid, a_steps, adjoint=adjoint))(cosmo, noise)
+    return grid, st, density(st.disp, grid), maxd
+
+
+def test_final_density_identical_on_every_layout():
+    _, _, ref, _ = _run((1, 1))
+    ref = np.asarray(ref)
+    for pd in LAYOUTS[1:]:
+        _, _, rho, _ = _run(pd)
+        # float32: FFT sums in different orders on different layouts -> rounding ~1e-6 relative
+        np.testing.assert_allclose(np.asarray(rho), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_mass_conserved_and_halo_respected():
+    grid, st, rho, maxd = _run((2, 2))
+    # CIC weights sum to one per particle: total mass exact up to float32 summation rounding
+    assert abs(float(jnp.sum(rho)) - grid.n_cells) < 1e-4 * grid.n_cells
+    assert np.all(np.asarray(maxd) < grid.halo)
+    assert np.all(np.diff(np.asarray(maxd)) >= -1e-6)  # displacements grow monotonically here
+
+
+def test_leapfrog_reverses_exactly():
+    """Run forward then backwards with the exact inverse step; float64 returns to 1e-8."""
+    with jax.enable_x64(True):
+        grid = Grid(SHAPE, BOX, make_mesh((2, 2)), halo=2, dtype="float64")
+        cosmo = jax.tree.map(lambda v: jnp.asarray(v, jnp.float64), planck18())
+        s = white_noise(3, SHAPE, grid.mesh, dtype=jnp.float64)
+        coeffs = step_coefficients(cosmo, jnp.asarray(A_STEPS))
+
+        @jax.jit
+        def there_and_back(cosmo, s):
+            st0 = initial_state(cosmo, s, grid, A_STEPS[0])
+            st = st0
+            for i in range(len(A_STEPS) - 1):
+                c = jax.tree.map(lambda v: v[i], coeffs)
+                st, _ = _step(cosmo, st, c, grid, None, i)
+            for i in reversed(range(len(A_STEPS) - 1)):
+                c = jax.tree.map(lambda v: v[i], coeffs)
+                st = _unstep(cosmo, st, c, grid)
+            return st0, st
+
+        st0, back = there_and_back(cosmo, s)
+        scale = float(jnp.max(jnp.abs(st0.disp)))
+        err = float(jnp.max(jnp.abs(back.disp - st0.disp))) / scale
+        assert err < 1e-8, err
+
+
+def _loss_fn(grid, a_steps, adjoint):
+    w = white_noise(11, grid.shape, grid.mesh, dtype=grid.jdtype)
+
+    def loss(omega_c, sigma8, s):
+        cosmo = planck18().replace(Omega_c=omega_c, sigma8=sigma8)
+        cosmo = jax.tree.map(lambda v: jnp.asarray(v, grid.jdtype), cosmo)
+        st, _, _ = simulate(cosmo, s, grid, a_steps, adjoint=adjoint)
+        return jnp.sum(density(st.disp, grid) * w)
+
+    return loss
+
+
+@pytest.mark.parametrize("adjoint", ["checkpoint", "reversible"])
+def test_gradients_match_finite_differences(adjoint):
+    with jax.enable_x64(True):
+        shape, box = (8, 8, 12), (200.0, 200.0, 300.0)
+        grid = Grid(shape, box, make_mesh((2, 2)), halo=2, dtype="float64")
+        a_steps = np.linspace(0.2, 1.0, 4)
+        loss = _loss_fn(grid, a_steps, adjoint)
+        s = white_noise(5, shape, grid.mesh, dtype=jnp.float64)
+        oc, s8 = 0.2607, 0.8102
+        g_oc, g_s8, g_s = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(oc, s8, s)
+        f = jax.jit(loss)
+        eps = 1e-5  # central differences: truncation O(eps^2), rounding 1e-16/eps: ~1e-9 relative
+        fd_oc = (f(oc + eps, s8, s) - f(oc - eps, s8, s)) / (2 * eps)
+        fd_s8 = (f(oc, s8 + eps, s) - f(oc, s8 - eps, s)) / (2 * eps)
+        v = white_noise(9, shape, grid.mesh, dtype=jnp.float64)
+        fd_s = (f(oc, s8, s + eps * v) - f(oc, s8, s - eps * v)) / (2 * eps)
+        # CIC is piecewise linear: a particle crossing a cell edge within +-eps makes FD
+        # slightly off; with eps=1e-5 that is rare, so 1e-4 relative leaves margin
+        np.testing.assert_allclose(float(g_oc), float(fd_oc), rtol=1e-4)
+        np.testing.assert_allclose(float(g_s8), float(fd_s8), rtol=1e-4)
+        np.testing.assert_allclose(float(jnp.sum(g_s * v)), float(fd_s), rtol=1e-4)
+
+
+def test_reversible_adjoint_matches_autodiff_float64():
+    with jax.enable_x64(True):
+        shape, box = (8, 8, 12), (200.0, 200.0, 300.0)
+        grid = Grid(shape, box, make_mesh((1, 2)), halo=2, dtype="float64")
+        a_steps = np.linspace(0.1, 1.0, 6)
+        s = white_noise(5, shape, grid.mesh, dtype=jnp.float64)
+        ga = jax.jit(jax.grad(_loss_fn(grid, a_steps, "checkpoint"), argnums=(0, 1, 2)))(0.26, 0.81, s)
+        gb = jax.jit(jax.grad(_loss_fn(grid, a_steps, "reversible"), argnums=(0, 1, 2)))(0.26, 0.81, s)
+        for a, b in zip(ga, gb):
+            # the reversible adjoint recomputes states by running backwards: in float64 the
+            # reconstruction error is ~1e-12, far inside the 1e-4 the issue asks for
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-4 * np.abs(a).max())
+
+
+def test_lpt_matches_linear_theory_at_early_times():
+    """2LPT particles painted at a = 0.02 give D^2 P_lin once the lattice response is removed."""
+    grid = Grid((32, 32, 32), (500.0,) * 3, make_mesh((2, 2)), halo=2)
+    cosmo = planck18()
+    s = white_noise(0, grid.shape, grid.mesh)
+    a = 0.02
+    disp, _ = lpt(cosmo, linear_modes(cosmo, s, grid), grid, a, order=2)
+    delta = density(disp, grid) - 1.0
+    plan = grid.fft
+    resp = lattice_cic_response(plan, grid.box)
+    k, p_raw, _ = power_spectrum(delta, plan, grid.box)
+    _, p_cor, _ = power_spectrum(plan.irfft(plan.rfft(delta) / resp), plan, grid.box)
+    _, p_lin, _ = power_spectrum(linear_field(cosmo, s, grid, a), plan, grid.box)
+    sel = np.asarray(k) < 0.3 * np.pi / float(grid.cell[0])  # below 0.3 k_Nyquist
+    raw, cor = np.asarray(p_raw / p_lin)[sel], np.asarray(p_cor / p_lin)[sel]
+    # same realisation, so no cosmic variance. R is the linear part of CIC painting; its
+    # upwind part (first order in |Psi|, not in Psi) adds power ~(k h)^2 that R does not
+    # model: measured 0.3-2.4% below 0.3 k_Nyq, hence 3%. 2LPT terms at a = 0.02 are ~1e-3.
+    assert np.all(np.abs(cor - 1) < 0.03), cor
+    # the raw painted field is suppressed by R^2 (10% at 0.3 k_Nyq): the correction is needed
+    assert raw[-1] < 0.95 and abs(raw[0] - 1) < 0.01, raw
+
+
+@pytest.mark.slow
+def test_pm_growth_large_scales_64():
+    """2LPT + 10 PM steps, a = 0.1 -> 1, 1000 Mpc/h, 64^3: P / (D^2 P_lin) on large scales."""
+    grid = Grid((64, 64, 64), (1000.0,) * 3, make_mesh((1, 2)), halo=4)
+    cosmo = planck18()
+    s = white_noise(0, grid.shape, grid.mesh)
+    st, _, _ = jax.jit(lambda c, s: simulate(c, s, grid, np.linspace(0.1, 1, 11)))(cosmo, s)
+    k, p, _ = power_spectrum(density(st.disp, grid) - 1.0, grid.fft, grid.box)
+    _, p_lin, _ = power_spectrum(linear_field(cosmo, s, grid, 1.0), grid.fft, grid.box)
+    ratio = np.asarray(p / p_lin)
+    assert abs(ratio[0] - 1) < 0.02, ratio  # the fundamental: growth exact to CIC response
+
+
+def test_bad_input_is_refused_before_compiling():
+    with pytest.raises(ValueError, match="must increase"):
+        check_scale_factors([0.1, 0.5, 0.4])
+    with pytest.raises(ValueError, match="finite"):
+        check_scale_factors([0.1, np.nan])
+    with pytest.raises(ValueError, match="not divisible by pdims"):
+        Grid((10, 16, 16), (100.0,) * 3, make_mesh((4, 2)))
+    with pytest.raises(ValueError, match="halo 9 must be between 1 and the local block size 8"):
+        Grid((16, 16, 16), (100.0,) * 3, make_mesh((2, 2)), halo=9)
+    with pytest.raises(ValueError, match="box must be three positive"):
+        Grid((16, 16, 16), (100.0, -1.0, 100.0), make_mesh((1, 1)))
+
+
+def test_state_is_a_pytree():
+    leaves = jax.tree.leaves(PMState(jnp.zeros(1), jnp.ones(1), jnp.zeros(1)))
+    assert len(leaves) == 3
+    assert float(growth_factor(planck18(), 1.0)) == pytest.approx(1.0, abs=1e-6)
