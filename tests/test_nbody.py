@@ -148,7 +148,7 @@ def test_lpt_matches_linear_theory_at_early_times():
     # model: measured 0.3-2.4% below 0.3 k_Nyq, hence 3%. 2LPT terms at a = 0.02 are ~1e-3.
     assert np.all(np.abs(cor - 1) < 0.03), cor
     # the raw painted field is suppressed by R^2 (10% at 0.3 k_Nyq): the correction is needed
-    assert raw[-1] < 0.95 and abs(raw[0] - 1) < 0.01, raw
+    assert raw[-1] < 0.95 and np.all(raw < 1), raw
 
 
 @pytest.mark.slow

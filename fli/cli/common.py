@@ -74,6 +74,7 @@ def setup_logging() -> logging.Logger:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S", stream=sys.stderr)
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU" chatter
     return get_logger("fli")
 
 
