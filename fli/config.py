@@ -55,12 +55,12 @@ class CosmologyConfig:
 class SimulationConfig:
     """Particle-mesh simulation: one particle per cell of ``mesh`` in a periodic ``box``."""
 
-    mesh: list[int] = field(default_factory=lambda: [64, 64, 128])  # cells [nx, ny, nz]
-    box: list[float] = field(default_factory=lambda: [1000.0, 1000.0, 4500.0])  # [Mpc/h]
+    mesh: list[int] = field(default_factory=lambda: [64, 64, 256])  # cells [nx, ny, nz]
+    box: list[float] = field(default_factory=lambda: [300.0, 300.0, 3200.0])  # [Mpc/h]
     a_start: float = 0.1  # scale factor of the 2LPT initial conditions
     n_steps: int = 10  # PM steps when not aligned to lens planes (linear in a)
     lpt_order: int = 2  # 1: Zel'dovich, 2: 2LPT
-    halo: int = 4  # [cells] padding for painting/reading; must exceed the largest displacement
+    halo: int = 8  # [cells] padding for painting/reading; must exceed the largest displacement
     on_overflow: str = "raise"  # "raise" | "warn" when particles move further than the halo
     dtype: str = "float32"  # "float32" | "float64"
     fft_backend: str = "pencil"  # "pencil" | "jaxdecomp"

@@ -1,0 +1,86 @@
+"""Figures of the run products (matplotlib, Agg backend; called on process 0 only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def kappa_maps(kappa_true: np.ndarray, kappa_obs: np.ndarray, fov_deg: float, path: Path,
+               labels: list[str] | None = None) -> Path:
+    """Noiseless and observed convergence per bin, side by side ``[n_bins, npix, npix]``."""
+    nb = kappa_true.shape[0]
+    fig, axes = plt.subplots(2, nb, figsize=(3.6 * nb + 0.6, 6.6), squeeze=False, constrained_layout=True)
+    ext = [-fov_deg / 2, fov_deg / 2, -fov_deg / 2, fov_deg / 2]
+    for b in range(nb):
+        lim = float(np.percentile(np.abs(kappa_true[b]), 99.5)) or 1.0
+        for row, (m, what) in enumerate(((kappa_true[b], "noiseless"), (kappa_obs[b], "observed"))):
+            ax = axes[row, b]
+            im = ax.imshow(m.T, origin="lower", extent=ext, cmap="RdBu_r", vmin=-lim * (1 + 2 * row),
+                           vmax=lim * (1 + 2 * row))
+            name = labels[b] if labels else f"bin {b}"
+            ax.set_title(f"{name}: {what}", fontsize=9)
+            ax.set_xlabel(r"$\theta_x$ [deg]")
+            ax.set_ylabel(r"$\theta_y$ [deg]")
+            fig.colorbar(im, ax=ax, shrink=0.8, label=r"$\kappa$")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def matter_power(k: np.ndarray, p_sim: np.ndarray, p_lin_realisation: np.ndarray, p_theory: np.ndarray,
+                 a: float, path: Path, k_nyq: float | None = None) -> Path:
+    """3D P(k) of the final particle field against linear theory at the same scale factor."""
+    fig, (ax, axr) = plt.subplots(2, 1, figsize=(6, 6.2), sharex=True, height_ratios=[3, 1.3],
+                                  constrained_layout=True)
+    sel = p_sim > 0
+    ax.loglog(k[sel], p_sim[sel], "C0-", label="PM (CIC-painted particles)")
+    ax.loglog(k[sel], p_lin_realisation[sel], "C1--", label="linear field, same realisation")
+    ax.loglog(k[sel], p_theory[sel], "k:", label="linear theory $P_{EH}(k)$")
+    ax.set_ylabel(r"$P(k)$ [$(h^{-1}$Mpc$)^3$]")
+    ax.set_title(f"matter power at a = {a:.3f}", fontsize=10)
+    ax.legend(fontsize=8)
+    axr.semilogx(k[sel], p_sim[sel] / p_lin_realisation[sel], "C0-")
+    axr.axhline(1, color="k", lw=0.6)
+    axr.set_ylabel("PM / linear")
+    axr.set_xlabel(r"$k$ [$h$/Mpc]")
+    if k_nyq:
+        for a_ in (ax, axr):
+            a_.axvline(k_nyq, color="grey", lw=0.6, ls="--")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def kappa_cl(ell: np.ndarray, cl_maps: np.ndarray, cl_theory: np.ndarray, noise_cl: np.ndarray,
+             path: Path, ell_theory: np.ndarray | None = None, ell_range: tuple[float, float] | None = None,
+             cl_windowed: np.ndarray | None = None) -> Path:
+    """Angular power spectra per bin: noiseless map, Limber prediction (and with the PM mesh
+    window), shape-noise level."""
+    nb = cl_maps.shape[0]
+    ell_t = ell if ell_theory is None else ell_theory
+    fig, axes = plt.subplots(1, nb, figsize=(4.2 * nb, 3.8), squeeze=False, constrained_layout=True)
+    for b in range(nb):
+        ax = axes[0, b]
+        sel = cl_maps[b] > 0
+        ax.loglog(ell[sel], (ell * (ell + 1) * cl_maps[b] / (2 * np.pi))[sel], "C0o-", ms=3, label="noiseless map")
+        ax.loglog(ell_t, ell_t * (ell_t + 1) * cl_theory[b] / (2 * np.pi), "k-", label="Limber (linear P)")
+        if cl_windowed is not None:
+            w = cl_windowed[b] > 1e-3 * cl_theory[b]
+            ax.loglog(ell_t[w], (ell_t * (ell_t + 1) * cl_windowed[b] / (2 * np.pi))[w], "k--",
+                      label="Limber x PM mesh window")
+        ax.loglog(ell_t, ell_t * (ell_t + 1) * noise_cl[b] / (2 * np.pi), "C3:", label="shape noise")
+        if ell_range:
+            ax.axvspan(*ell_range, color="C2", alpha=0.08, label=r"$2\pi$/fov to half the map Nyquist")
+        ax.set_xlabel(r"$\ell$")
+        ax.set_ylabel(r"$\ell(\ell+1)C_\ell/2\pi$")
+        ax.set_title(f"bin {b}", fontsize=10)
+        ax.legend(fontsize=7)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
