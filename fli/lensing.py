@@ -478,7 +478,7 @@ def _check_grid(geometry: LensGeometry, grid) -> None:
 
 
 def plane_hook(geometry: LensGeometry, grid):
-    """Per-step PM hook ``hook(density, state, a, step) -> plane``.
+    """Per-step PM hook ``hook(density, disp, a, step) -> plane``.
 
     ``density`` is the particle count per cell ``[nx, ny, nz]`` (mean 1) sharded
     ``P('x', 'y')``; the hook returns, for step ``j``, the slab of plane
@@ -498,8 +498,8 @@ def plane_hook(geometry: LensGeometry, grid):
 
     fn = jax.shard_map(local, mesh=grid.mesh, in_specs=(FIELD_SPEC, P()), out_specs=FIELD_SPEC)
 
-    def hook(density, state, a, step):
-        del state, a
+    def hook(density, disp, a, step):
+        del disp, a
         return fn(density, jnp.asarray(step, jnp.int32))
 
     return hook

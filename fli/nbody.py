@@ -45,8 +45,8 @@ from fli.grid import Grid
 from fli.lpt import linear_modes, lpt
 from fli.painting import cic_paint, cic_read
 
-# hook(density, state, a, step) -> pytree of per-step observables (e.g. a lens plane)
-Hook = Callable[[Array, "PMState", Array, Array], Any]
+# hook(density, disp, a, step) -> pytree of per-step observables (e.g. a lens plane)
+Hook = Callable[[Array, Array, Array, Array], Any]
 
 
 class PMState(NamedTuple):
@@ -128,19 +128,27 @@ def _max_cells(disp: Array, grid: Grid) -> Array:
     return jax.lax.stop_gradient(jnp.max(jnp.abs(disp[..., :2]) / cell))
 
 
+def _boundary(cosmo: Cosmology, disp: Array, a1: Array, i: Array, grid: Grid, hook: Hook | None):
+    """What happens at a step boundary: the PM force at ``disp`` and the step's observable."""
+    force, rho = pm_force(cosmo, disp, grid)
+    obs = hook(rho, disp, a1, i) if hook is not None else ()
+    return force, obs
+
+
 def _step(cosmo: Cosmology, state: PMState, c: StepCoeffs, grid: Grid, hook: Hook | None, i: Array):
     disp, mom, force = state
     mom = mom + force * c.kick1
     disp = disp + mom * c.drift
-    force, rho = pm_force(cosmo, disp, grid)
+    force, obs = _boundary(cosmo, disp, c.a1, i, grid, hook)
     mom = mom + force * c.kick2
-    new = PMState(disp, mom, force)
-    obs = hook(rho, new, c.a1, i) if hook is not None else ()
-    return new, (obs, _max_cells(disp, grid))
+    return PMState(disp, mom, force), (obs, _max_cells(disp, grid))
 
 
 def _unstep(cosmo: Cosmology, state: PMState, c: StepCoeffs, grid: Grid) -> PMState:
-    """Exact inverse of :func:`_step` (in exact arithmetic): kick, drift, kick backwards."""
+    """Exact inverse of :func:`_step` (in exact arithmetic): kick, drift, kick backwards.
+
+    The reversible adjoint (:func:`_rev_bwd`) walks back with the same algebra.
+    """
     disp, mom, force = state
     mom = mom - force * c.kick2
     disp = disp - mom * c.drift
@@ -169,26 +177,64 @@ def _rev_fwd(cosmo, state, coeffs, grid, hook):
     return (final, obs), (cosmo, final, coeffs)
 
 
+def _dot(u: Array, v: Array) -> Array:
+    return jnp.sum(u * v)
+
+
 def _rev_bwd(grid, hook, res, cts):
+    """Adjoint of the leapfrog, walking the steps backwards and rebuilding each state.
+
+    Going back over step i (boundary i+1 -> i): undo the second kick with the force kept in the
+    state, undo the drift, then evaluate the force at boundary i once, under ``jax.vjp``: its
+    value undoes the first kick and its pullback takes the cotangent of that force, which is
+    complete at this point (first kick of step i, second kick of step i-1, the observable of
+    step i-1). One PM force and one force adjoint per step: the state is never stored.
+    """
     cosmo, final, coeffs = res
-    ct_final, ct_obs = cts
+    ct_final, (ct_obs, _) = cts
     n = coeffs.a1.shape[0]
+    k1, dr, k2, a1 = coeffs
+
+    def boundary_vjp(x, a, i):
+        return jax.vjp(lambda c, x, a: _boundary(c, x, a, i, grid, hook), cosmo, x, a)
+
+    # the last boundary: its force cotangent is the output's plus the last second kick's
+    x, p, f = final
+    xb, pb, fb = ct_final
+    _, pull = boundary_vjp(x, a1[n - 1], n - 1)
+    cb, dxb, ab_last = pull((fb + pb * k2[n - 1], jax.tree.map(lambda t: t[n - 1], ct_obs)))
+    xb = xb + dxb
+
+    def undo_kick2_drift(x1, p1, f1, xb1, pb1, k2_i, dr_i):
+        ph = p1 - f1 * k2_i
+        x0 = x1 - ph * dr_i
+        return x0, ph, pb1 + xb1 * dr_i, _dot(pb1, f1), _dot(xb1, ph)
 
     def body(carry, xs):
-        state1, ct_state1, ct_cosmo = carry
-        c, i, ct_o = xs
-        state0 = _unstep(cosmo, state1, c, grid)
-        _, vjp = jax.vjp(lambda cs, s, cc: _step(cs, s, cc, grid, hook, i), cosmo, state0, c)
-        d_cosmo, d_state0, d_c = vjp((ct_state1, ct_o))
-        ct_cosmo = jax.tree.map(jnp.add, ct_cosmo, d_cosmo)
-        return (state0, d_state0, ct_cosmo), d_c
+        x1, p1, f1, xb1, pb1, cb = carry
+        k1_i, dr_i, k2_i, k2_prev, a_prev, ob_prev, i_prev = xs
+        x0, ph, phb, k2b, drb = undo_kick2_drift(x1, p1, f1, xb1, pb1, k2_i, dr_i)
+        (f0, _), pull = boundary_vjp(x0, a_prev, i_prev)
+        p0 = ph - f0 * k1_i
+        cb_i, xb_i, ab = pull((phb * (k1_i + k2_prev), ob_prev))
+        carry = (x0, p0, f0, xb1 + xb_i, phb, jax.tree.map(jnp.add, cb, cb_i))
+        return carry, (_dot(phb, f0), drb, k2b, ab)
 
-    zero_cosmo = jax.tree.map(jnp.zeros_like, cosmo)
-    idx = jnp.arange(n)
-    (_, ct_state0, ct_cosmo), ct_coeffs = jax.lax.scan(
-        body, (final, ct_final, zero_cosmo), (coeffs, idx, ct_obs), reverse=True
+    xs = (k1[1:], dr[1:], k2[1:], k2[:-1], a1[:-1], jax.tree.map(lambda t: t[:-1], ct_obs),
+          jnp.arange(n - 1))
+    (x1, p1, f1, xb1, pb1, cb), (k1b, drb, k2b, ab) = jax.lax.scan(
+        body, (x, p, f, xb, pb, cb), xs, reverse=True)
+    # the first step: its starting force is an input (the initial state's), not evaluated here
+    x0, ph, phb, k2b0, drb0 = undo_kick2_drift(x1, p1, f1, xb1, pb1, k2[0], dr[0])
+    f0, _ = pm_force(cosmo, x0, grid)
+    ct_state0 = PMState(xb1, phb, phb * k1[0])
+    ct_coeffs = StepCoeffs(
+        kick1=jnp.concatenate([_dot(phb, f0)[None], k1b]),
+        drift=jnp.concatenate([drb0[None], drb]),
+        kick2=jnp.concatenate([k2b0[None], k2b]),
+        a1=jnp.concatenate([ab, ab_last[None]]),
     )
-    return ct_cosmo, ct_state0, ct_coeffs
+    return cb, ct_state0, ct_coeffs
 
 
 _leapfrog_reversible.defvjp(_rev_fwd, _rev_bwd)
@@ -209,8 +255,9 @@ def nbody(
         state: particles at ``a_steps[0]`` with the force at their positions
             (see :func:`initial_state`).
         a_steps: ``[n_steps + 1]`` increasing scale factors; steps go between neighbours.
-        hook: optional per-step observable ``hook(density, state, a, step)`` evaluated after
-            each step (density is the particle count per cell, mean 1); outputs are stacked.
+        hook: optional per-step observable ``hook(density, disp, a, step)`` evaluated after
+            each step (density is the particle count per cell, mean 1; disp the particle
+            displacements [Mpc/h]); outputs are stacked.
         adjoint: ``"checkpoint"`` or ``"reversible"`` (see module docstring).
     Returns:
         ``(final_state, observables, max_disp)`` where ``max_disp[n_steps]`` is the largest

@@ -82,6 +82,9 @@ def worker(cfg: dict) -> dict:
     fwd = jax.jit(forward)
     forward_s, (_, maxd) = timed(fwd, cosmo, noise)
     fwd_rss = rss_mb()
+    if float(np.max(np.asarray(maxd))) >= cfg["halo"]:
+        raise RuntimeError(f"particles moved {float(np.max(np.asarray(maxd))):.1f} cells, more than the halo "
+                           f"({cfg['halo']}): the run is invalid, raise --halo")
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
     grad_s, (val, (gc, gs)) = timed(grad, cosmo, noise, weights)
     grad_rss = rss_mb()
@@ -122,7 +125,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pdims", default="1x2", help="PXxPY device mesh, comma-separated")
     ap.add_argument("--adjoint", default="reversible", help="checkpoint,reversible")
     ap.add_argument("--box", type=float, default=256.0, help="cube side [Mpc/h]")
-    ap.add_argument("--halo", type=int, default=8)
+    ap.add_argument("--halo", type=int, default=16, help="cells; must exceed the largest displacement")
     ap.add_argument("--a-start", type=float, default=0.1)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--backend", default="pencil", choices=["pencil", "jaxdecomp"])
