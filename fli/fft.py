@@ -448,7 +448,7 @@ def lattice_cic_response(plan: FFTPlan, box, local: bool = False, dtype=None) ->
     """
     dt = _default_float(dtype)
     ks = plan.kvec(box, local=local, dtype=dt)
-    h = [L / n for L, n in zip(box3(box), plan.shape)]
+    h = [L / n for L, n in zip(box3(box), plan.shape, strict=False)]
     num = ks[0] * jnp.sin(ks[0] * h[0]) / h[0] + ks[1] * jnp.sin(ks[1] * h[1]) / h[1] \
         + ks[2] * jnp.sin(ks[2] * h[2]) / h[2]
     k2 = _k2(plan, box, local, dt)

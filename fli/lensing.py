@@ -16,7 +16,7 @@ cosmology it was built from (``plane_a``, used to place the PM steps) and
 
 What the driver calls, in order
 -------------------------------
-1. ``bins = nz_bins_from_config(cfg.survey)`` and
+1. ``bins = fli.survey.nz_bins_from_config(cfg.survey)`` and
    ``geom = lens_geometry(cosmo_fid, grid, cfg.lensing, cfg.survey)`` (host side, validates);
 2. ``a_steps = geom.a_steps(cfg.simulation.a_start)`` -> ``[n_used + 1]`` increasing: the PM
    step ``j`` ends at the crossing time of plane ``n_used - 1 - j`` (farthest plane first);
@@ -25,8 +25,11 @@ What the driver calls, in order
    density contrast integrated over its slab [Mpc/h];
 4. ``kappa = born_convergence(cosmo, planes, geom, grid, bins)`` -> ``[n_bins, npix, npix]``
    sharded ``P(None, 'x', 'y')``;
-5. mocks: ``sigma = noise_sigma(cfg.survey, fov, npix)``,
+5. mocks (:mod:`fli.survey`): ``sigma = noise_sigma(cfg.survey, fov, npix)``,
    ``obs = add_noise(key, kappa, sigma, load_mask(cfg.survey, npix))``.
+
+n(z) bins and noise live in :mod:`fli.survey`; Limber predictions and the map power
+spectrum in :mod:`fli.limber`.
 
 Units: lengths in Mpc/h, angles in radians inside the code (``fov_deg`` in degrees, pixel
 areas in arcmin^2 or sr as named), ``n_gal`` in galaxies per arcmin^2.
@@ -39,7 +42,6 @@ import math
 import warnings
 from collections.abc import Sequence
 from functools import partial
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -48,136 +50,22 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fli.cosmology import C_OVER_H0, Cosmology, a_of_chi, comoving_distance, linear_power
+from fli.cosmology import (
+    C_OVER_H0,
+    Cosmology,
+    a_of_chi,
+    comoving_distance,
+)
 from fli.sharding import FIELD_SPEC, get_logger, mesh_pdims
+from fli.survey import NzBin, as_bin_list, nz_bins_from_config, result_dtype, stack_bins
 
 _log = get_logger("fli.lensing")
 
 MAP_SPEC = P(None, "x", "y")  # [n_bins, npix, npix] maps and [n_planes, nx, ny] plane stacks
-N_Z = 512  # points of the fixed z quadrature grid of every n(z)
 
 
 class ReplicationWarning(UserWarning):
     """The field of view is wider than the box at the farthest lens planes."""
-
-
-# ============================================================================ n(z)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class NzBin:
-    """A normalised source redshift distribution on a fixed quadrature grid.
-
-    A pytree: ``z`` and ``nz`` are leaves (so a bin may be passed to jitted code), ``n_gal``
-    and ``label`` are static.  Build it with :func:`smail_bin`, :func:`table_bin` or
-    :func:`nz_bins_from_config`, which validate on the host.
-
-    Attributes:
-        z: ``[N_Z]`` increasing redshifts of the quadrature grid (spans the bin's support).
-        nz: ``[N_Z]`` n(z) >= 0 normalised so that the trapezoid rule on ``z`` gives 1.
-        n_gal: galaxies per arcmin^2 (for the shape noise).
-        label: a name used in messages.
-    """
-
-    z: Any
-    nz: Any
-    n_gal: float = dataclasses.field(default=10.0, metadata=dict(static=True))
-    label: str = dataclasses.field(default="bin", metadata=dict(static=True))
-
-    @property
-    def z_max(self) -> float:
-        """Largest redshift with n(z) > 0 (host side)."""
-        z, n = np.asarray(self.z), np.asarray(self.nz)
-        return float(z[n > 0].max())
-
-    @property
-    def z_mean(self) -> float:
-        z, n = np.asarray(self.z, float), np.asarray(self.nz, float)
-        return float(np.trapezoid(z * n, z))
-
-
-def _normalise(z: np.ndarray, n: np.ndarray, what: str) -> np.ndarray:
-    norm = float(np.trapezoid(n, z))
-    if not np.isfinite(norm) or norm <= 0:
-        raise ValueError(f"{what}: n(z) integrates to {norm:g}; it must be finite and > 0")
-    return n / norm
-
-
-def smail_bin(z0: float, alpha: float, beta: float, z_min: float, z_max: float,
-              n_gal: float = 10.0, label: str = "smail", n_z: int = N_Z) -> NzBin:
-    """Smail et al. n(z) ~ z^alpha exp(-(z/z0)^beta), truncated to [z_min, z_max]."""
-    if not (0 <= z_min < z_max and z0 > 0 and beta > 0 and math.isfinite(z_max)):
-        raise ValueError(f"{label}: need 0 <= z_min < z_max, z0 > 0, beta > 0; got "
-                         f"z_min={z_min}, z_max={z_max}, z0={z0}, beta={beta}")
-    z = np.linspace(z_min, z_max, n_z)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        n = np.where(z > 0, z ** alpha, 0.0 if alpha > 0 else 1.0) * np.exp(-((z / z0) ** beta))
-    return NzBin(z, _normalise(z, n, label), float(n_gal), label)
-
-
-def table_bin(z: Sequence[float], nz: Sequence[float], n_gal: float = 10.0,
-              label: str = "table", n_z: int = N_Z) -> NzBin:
-    """n(z) from a table, linearly interpolated onto ``n_z`` uniform points over [z[0], z[-1]].
-
-    Raises ``ValueError`` (naming ``label``) if z is not strictly increasing, values are not
-    finite, z < 0, n(z) < 0 anywhere, or the integral is zero.
-    """
-    z, nz = np.asarray(z, float), np.asarray(nz, float)
-    if z.ndim != 1 or z.shape != nz.shape or z.size < 2:
-        raise ValueError(f"{label}: z and nz must be 1D tables of the same length >= 2, got "
-                         f"shapes {z.shape} and {nz.shape}")
-    if not (np.all(np.isfinite(z)) and np.all(np.isfinite(nz))):
-        raise ValueError(f"{label}: the n(z) table has non-finite values")
-    if np.any(np.diff(z) <= 0) or z[0] < 0:
-        raise ValueError(f"{label}: the n(z) table's z must be >= 0 and strictly increasing")
-    if np.any(nz < 0):
-        raise ValueError(f"{label}: n(z) must be >= 0, found {nz.min():g} at z = {z[nz.argmin()]:g}")
-    zz = np.linspace(z[0], z[-1], n_z)
-    n = np.interp(zz, z, nz)
-    return NzBin(zz, _normalise(zz, n, label), float(n_gal), label)
-
-
-def nz_bins_from_config(survey_cfg) -> list[NzBin]:
-    """One :class:`NzBin` per ``survey.bins[i]`` (``kind`` smail or table); errors name the bin."""
-    bins = []
-    for i, b in enumerate(survey_cfg.bins):
-        label = f"survey.bins[{i}]"
-        if b.kind == "smail":
-            bins.append(smail_bin(b.z0, b.alpha, b.beta, b.z_min, b.z_max, b.n_gal, label))
-        elif b.kind == "table":
-            if b.z is None or b.nz is None:
-                raise ValueError(f"{label}: kind 'table' needs z and nz")
-            bins.append(table_bin(b.z, b.nz, b.n_gal, label))
-        else:
-            raise ValueError(f"{label}.kind must be 'smail' or 'table', got {b.kind!r}")
-    return bins
-
-
-def _as_list(nz_bins) -> list:
-    return [nz_bins] if isinstance(nz_bins, NzBin) else list(nz_bins)
-
-
-def _trapz_weights(z):
-    dz = jnp.diff(z)
-    zero = jnp.zeros((1,), z.dtype)
-    return 0.5 * (jnp.concatenate([zero, dz]) + jnp.concatenate([dz, zero]))
-
-
-def _dtype(cosmo, *xs):
-    dt = jnp.result_type(*jax.tree_util.tree_leaves(cosmo), *xs)
-    return dt if jnp.issubdtype(dt, jnp.floating) else jnp.result_type(float)
-
-
-def _stack_bins(nz_bins, dt):
-    """z, n(z) * trapezoid weights, both ``[n_bins, N]``."""
-    nz_bins = _as_list(nz_bins)
-    sizes = {np.shape(b.z)[0] for b in nz_bins}
-    if len(sizes) != 1:
-        raise ValueError(f"all n(z) bins must use the same number of z points, got {sorted(sizes)}")
-    z = jnp.stack([jnp.asarray(b.z, dt) for b in nz_bins])
-    w = jnp.stack([_trapz_weights(jnp.asarray(b.z, dt)) * jnp.asarray(b.nz, dt) for b in nz_bins])
-    return z, w
 
 
 @jax.jit
@@ -187,9 +75,9 @@ def lensing_efficiencies(cosmo: Cosmology, nz_bins: Sequence[NzBin], chi):
     Fixed-grid trapezoid quadrature on each bin's z grid; differentiable in ``cosmo`` (and in
     the n(z) values).  ``chi`` in Mpc/h.
     """
-    dt = _dtype(cosmo, chi)
+    dt = result_dtype(cosmo, chi)
     chi = jnp.asarray(chi, dt)
-    z, w = _stack_bins(nz_bins, dt)
+    z, w = stack_bins(nz_bins, dt)
     chi_z = comoving_distance(cosmo, 1.0 / (1.0 + z))  # [n_bins, N]
     pos = chi_z > 0
     cz = jnp.where(pos, chi_z, 1.0)
@@ -210,7 +98,7 @@ def lensing_kernel(cosmo: Cosmology, nz_bins: Sequence[NzBin], chi):
 
     kappa_b = int dchi q_b(chi) delta(chi theta, chi); the Born weight of plane i is
     q_b(r_i) (the plane holds delta integrated over its slab)."""
-    dt = _dtype(cosmo, chi)
+    dt = result_dtype(cosmo, chi)
     chi = jnp.asarray(chi, dt)
     a = a_of_chi(cosmo, chi)
     g = lensing_efficiencies(cosmo, nz_bins, chi)
@@ -416,7 +304,7 @@ class LensGeometry:
     # -- times --------------------------------------------------------------------------
     def plane_a_of(self, cosmo: Cosmology):
         """``[n_used]`` crossing scale factors a(r_i) for ``cosmo`` (traced, differentiable)."""
-        dt = _dtype(cosmo)
+        dt = result_dtype(cosmo)
         return a_of_chi(cosmo, jnp.asarray(self.plane_r, dt))
 
     def a_steps(self, a_start, cosmo: Cosmology | None = None):
@@ -574,12 +462,12 @@ def born_weights(cosmo: Cosmology, geometry: LensGeometry, nz_bins: Sequence[NzB
                  plane_a=None):
     """``[n_bins, n_used]`` Born weights q_b(r_i) = 1.5 Omega_m (H0/c)^2 (r_i / a_i) g_b(r_i)
     [h/Mpc], planes nearest first.  ``a_i`` from ``cosmo`` unless ``plane_a`` is given."""
-    return _born_weights_jit(cosmo, geometry, _as_list(nz_bins), plane_a)
+    return _born_weights_jit(cosmo, geometry, as_bin_list(nz_bins), plane_a)
 
 
 @partial(jax.jit, static_argnums=(1,))
 def _born_weights_jit(cosmo, geometry, nz_bins, plane_a):
-    dt = _dtype(cosmo)
+    dt = result_dtype(cosmo)
     r = jnp.asarray(geometry.plane_r, dt)
     a = a_of_chi(cosmo, r) if plane_a is None else jnp.asarray(plane_a, dt)
     g = lensing_efficiencies(cosmo, nz_bins, r)
@@ -609,7 +497,7 @@ def born_convergence(cosmo: Cosmology, planes, geometry: LensGeometry, grid,
                          f"got {tuple(planes.shape)}")
     # two jitted pieces: the weights (cosmology, compiled once per geometry) and the
     # projection (compiled per device mesh); inside an outer jit both are simply inlined
-    w = _born_weights_jit(cosmo, geometry, _as_list(nz_bins), plane_a)  # nearest first
+    w = _born_weights_jit(cosmo, geometry, as_bin_list(nz_bins), plane_a)  # nearest first
     return _born_apply(planes, w, geometry, grid, order)
 
 
@@ -622,237 +510,3 @@ def _born_apply(planes, w, geometry, grid, order):
     return jax.lax.with_sharding_constraint(kappa, NamedSharding(grid.mesh, MAP_SPEC))
 
 
-# ============================================================================ noise and mask
-
-
-def noise_sigma(survey_cfg, fov_deg: float, npix: int) -> np.ndarray:
-    """``[n_bins]`` shape noise per pixel sigma_b = sigma_e / sqrt(n_gal_b A_pix), A_pix in arcmin^2."""
-    a_pix = (fov_deg * 60.0 / npix) ** 2
-    return np.array([survey_cfg.sigma_e / math.sqrt(b.n_gal * a_pix) for b in survey_cfg.bins])
-
-
-def load_mask(survey_cfg, npix: int) -> np.ndarray | None:
-    """The survey mask (``survey.mask``: a .npy boolean ``[npix, npix]``, True = observed) or None."""
-    path = getattr(survey_cfg, "mask", None)
-    if path is None:
-        return None
-    try:
-        m = np.load(path)
-    except OSError as e:
-        raise ValueError(f"survey.mask: cannot read {path!r}: {e}") from None
-    if m.shape != (npix, npix):
-        raise ValueError(f"survey.mask must be a [npix, npix] = [{npix}, {npix}] array, got {m.shape}")
-    if m.dtype != bool and not np.all(np.isin(m, (0, 1))):
-        raise ValueError("survey.mask must be boolean (True = observed) or 0/1")
-    return m.astype(bool)
-
-
-class NoisyKappa(NamedTuple):
-    """A noisy map and what made it: ``kappa`` ``[n_bins, npix, npix]`` (0 where masked),
-    ``sigma`` ``[n_bins]`` per-pixel noise, ``mask`` boolean ``[npix, npix]`` (True = observed)."""
-
-    kappa: jax.Array
-    sigma: np.ndarray
-    mask: np.ndarray
-
-
-def _place(x: np.ndarray, sharding) -> jax.Array:
-    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
-
-
-def add_noise(key, kappa, sigma, mask=None) -> NoisyKappa:
-    """kappa + sigma_b * N(0, 1) per pixel, set to 0 where ``mask`` is False.
-
-    The noise is drawn as one ``[n_bins, npix, npix]`` array from ``key`` (threefry is
-    partitionable, so the draws do not depend on the sharding) and laid out like ``kappa``:
-    the result is the same on every device layout.  ``mask``: boolean ``[npix, npix]`` or
-    ``[n_bins, npix, npix]`` (None: all observed); it is returned in :class:`NoisyKappa`.
-    """
-    sharding = getattr(kappa, "sharding", None)
-    shape, dt = tuple(kappa.shape), kappa.dtype
-    sig = np.broadcast_to(np.asarray(sigma, dtype=np.float64).reshape(-1), (shape[0],)).copy()
-    if mask is None:
-        mask = np.ones(shape[-2:], bool)
-    mask = np.asarray(mask, bool)
-    if mask.shape not in (shape[-2:], shape):
-        raise ValueError(f"mask must be [npix, npix] = {shape[-2:]} or {shape}, got {mask.shape}")
-    draw = jax.jit(lambda k: jax.random.normal(k, shape, dt),
-                   out_shardings=sharding if isinstance(sharding, NamedSharding) else None)
-    noise = draw(key)
-    m = np.broadcast_to(mask, shape)
-    if isinstance(sharding, NamedSharding):
-        m_dev = _place(np.ascontiguousarray(m), sharding)
-    else:
-        m_dev = jnp.asarray(m)
-
-    @jax.jit
-    def combine(k, n, m):
-        return jnp.where(m, k + jnp.asarray(sig, dt)[:, None, None] * n, jnp.zeros((), dt))
-
-    return NoisyKappa(combine(kappa, noise, m_dev), sig, mask)
-
-
-# ============================================================================ theory
-
-
-def limber_cl(cosmo: Cosmology, nz_bins: Sequence[NzBin], ell, nonlinear: bool = False, *,
-              chi_max=None, n_chi: int = 512, flat_sky: bool = False, cross: bool = True):
-    """Limber C_ell of the convergence with the linear P(k) of :mod:`fli.cosmology`.
-
-    C_ell^{ab} = int_0^chi_hi dchi q_a(chi) q_b(chi) / chi^2 P(k, a(chi)), k = (ell + 1/2)/chi
-    (``flat_sky=True``: k = ell/chi, what a flat-sky map's ell means), q from
-    :func:`lensing_kernel`.  chi_hi = chi(largest z of the bins), or ``chi_max`` [Mpc/h] if
-    smaller (e.g. the box depth).  Simpson's rule on ``n_chi`` (even) uniform intervals.
-
-    Returns ``[n_bins, n_bins, n_ell]`` (``cross=False``: auto spectra ``[n_bins, n_ell]``).
-    No (ell-dependent) curved-sky prefactor is applied.  ``nonlinear=True`` is not available
-    (fli has no nonlinear P(k)).
-    """
-    if nonlinear:
-        raise NotImplementedError("limber_cl: fli.cosmology provides only the linear P(k)")
-    if n_chi < 2 or n_chi % 2:
-        raise ValueError(f"n_chi must be even (Simpson), got {n_chi}")
-    return _limber(cosmo, _as_list(nz_bins), ell, chi_max, n_chi, flat_sky, cross)
-
-
-@partial(jax.jit, static_argnums=(4, 5, 6))
-def _limber(cosmo, nz_bins, ell, chi_max, n_chi, flat_sky, cross):
-    dt = _dtype(cosmo, ell)
-    ell = jnp.atleast_1d(jnp.asarray(ell, dt))
-    z, _ = _stack_bins(nz_bins, dt)
-    chi_hi = comoving_distance(cosmo, 1.0 / (1.0 + jnp.max(z)))
-    if chi_max is not None:
-        chi_hi = jnp.minimum(chi_hi, jnp.asarray(chi_max, dt))
-    x = jnp.arange(1, n_chi + 1, dtype=dt) / n_chi
-    chi = chi_hi * x  # chi = 0 (integrand 0) left out
-    h = chi_hi / n_chi
-    w = jnp.where(jnp.arange(1, n_chi + 1) % 2 == 1, 4.0, 2.0).astype(dt).at[-1].set(1.0) * h / 3.0
-    q = lensing_kernel(cosmo, nz_bins, chi)  # [n_bins, n_chi]
-    k = (ell[:, None] + (0.0 if flat_sky else 0.5)) / chi[None, :]
-    pk = linear_power(cosmo, k, a_of_chi(cosmo, chi)[None, :])  # [n_ell, n_chi]
-    if cross:
-        return jnp.einsum("c,ac,bc,lc->abl", w / chi ** 2, q, q, pk)
-    return jnp.einsum("c,ac,lc->al", w / chi ** 2, q * q, pk)
-
-
-def limber_cl_planes(cosmo: Cosmology, nz_bins: Sequence[NzBin], ell, geometry: LensGeometry, *,
-                     nyquist_cut: bool = False, mesh_window: int = 0, plane_a=None):
-    """Limber C_ell that the discretised Born map of :func:`born_convergence` should see
-    (flat sky, linear P(k)): the plane sum replaces the chi integral,
-
-        C_ell^{ab} = sum_i dr q_a(r_i) q_b(r_i) / r_i^2 P(ell / r_i, a_i),
-
-    i.e. the midpoint rule of :func:`limber_cl` (``flat_sky=True``) on the planes' slabs, with
-    the Born weights of :func:`born_weights` (so q = 0 beyond the farthest source).  Slab
-    cross-correlations are kept implicitly (Limber: only k_z ~ 0 contributes), so the slab
-    width does not suppress power; treating slabs as independent would be wrong here.
-
-    ``nyquist_cut``: keep only the directions of k_perp = ell / r_i inside the mesh's
-    transverse Nyquist square |k_x| <= pi / cell_x, |k_y| <= pi / cell_y (azimuthal average;
-    the mesh has no other modes).  Off by default: the bilinear reading of a plane puts
-    aliased power (sinc^4-suppressed images) beyond Nyquist, which the uncut sinc^4-windowed
-    P(k) follows more closely than zero does on near planes.  ``mesh_window = p``: multiply by
-    the azimuthal average of prod_{x,y} sinc^p(k_i cell_i / 2), sinc(x) = sin(x)/x: p = 4 for
-    the bilinear reading of the planes alone (a field given on the grid), p = 8 for a PM
-    density (CIC painting, sinc^4, then bilinear reading, sinc^4); 0 (default): none.
-    Aliasing, shot noise and the discreteness of the box modes are neglected.  Checked
-    against maps of Gaussian random fields (planes = D(a_i) x slab sums of one 3D linear
-    field on a 128 x 128 x 64 mesh, 1000 x 1000 x 4000 (Mpc/h)^3, 16 planes, 10 deg, 64 pix,
-    30 realisations, ``map_power_spectrum(..., taper=0.5)``): with ``mesh_window=4`` the map
-    C_ell / prediction was 0.99-1.08 (+-0.03-0.06) for ell = 70-565.  ``plane_a``:
-    crossing scale factors, nearest first (default a(r_i) of ``cosmo``).  Returns
-    ``[n_bins, n_bins, n_ell]``.
-    """
-    return _limber_planes(cosmo, _as_list(nz_bins), ell, geometry, nyquist_cut, mesh_window, plane_a)
-
-
-@partial(jax.jit, static_argnums=(3, 4, 5))
-def _limber_planes(cosmo, nz_bins, ell, geometry, nyquist_cut, mesh_window, plane_a):
-    dt = _dtype(cosmo, ell)
-    ell = jnp.atleast_1d(jnp.asarray(ell, dt))
-    r = jnp.asarray(geometry.plane_r, dt)
-    a = a_of_chi(cosmo, r) if plane_a is None else jnp.asarray(plane_a, dt)
-    q = born_weights(cosmo, geometry, nz_bins, plane_a=a)  # [n_bins, n]
-    kp = ell[:, None] / r[None, :]  # [n_ell, n]
-    ps = geometry.dr * linear_power(cosmo, kp, a[None, :]) / r[None, :] ** 2
-    cx, cy = (float(c) for c in geometry.cell[:2])
-    if mesh_window or nyquist_cut:  # azimuthal average over the direction of k_perp
-        phi = (np.arange(64) + 0.5) * (np.pi / 2 / 64)  # one quadrant suffices (symmetry)
-        kx = kp[..., None] * jnp.asarray(np.cos(phi), dt)
-        ky = kp[..., None] * jnp.asarray(np.sin(phi), dt)
-        f = jnp.ones_like(kx)
-        if mesh_window:
-            f = f * (jnp.sinc(kx * cx / (2 * np.pi)) * jnp.sinc(ky * cy / (2 * np.pi))) ** mesh_window
-        if nyquist_cut:
-            f = jnp.where((kx <= np.pi / cx) & (ky <= np.pi / cy), f, 0.0)
-        ps = ps * jnp.mean(f, axis=-1)
-    return jnp.einsum("ai,bi,li->abl", q, q, ps)
-
-
-# ============================================================================ map power spectrum
-
-
-def _gather(x) -> np.ndarray:
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from fli.sharding import process_allgather  # noqa: PLC0415
-
-        return process_allgather(x)
-    return np.asarray(x)
-
-
-def map_power_spectrum(kappa, fov_deg: float, n_bins_ell: int = 16, *, ell_edges=None,
-                       log_bins: bool = False, taper: float = 0.0):
-    """Flat-sky angular power spectrum of square maps ``[..., npix, npix]`` (host numpy).
-
-    Modes ell = 2 pi |n| / fov_rad (n the integer FFT frequencies), C_ell = A |kappa_ell|^2 /
-    N_pix^2 with A = fov_rad^2 and N_pix = npix^2 pixels (so white noise of variance sigma^2
-    gives C_ell = sigma^2 A_pix, A_pix in sr), averaged in ell bins.  Default bins: ``n_bins_ell``
-    linear (or ``log_bins``) bins from the fundamental 2 pi / fov to the Nyquist pi npix / fov;
-    the DC mode and the corners beyond Nyquist are left out.  Masked maps are not corrected.
-
-    A map cut from a non-periodic sky is discontinuous at its edges when wrapped: that edge
-    leaks ~ell^-2 power into every mode and dominates where the true C_ell falls steeply.
-    ``taper = f`` in (0, 1] multiplies each map by a separable Tukey window (cosine ramps over
-    a fraction f of each side; f = 1 is a Hann window) and divides C_ell by its mean square.
-
-    Returns ``(ell_centres [n_b], C_ell [..., n_b], n_modes [n_b])``: centres are the mean ell
-    of the modes in each bin; empty bins give NaN.
-    """
-    k = _gather(kappa).astype(np.float64)
-    npix = k.shape[-1]
-    if k.shape[-2] != npix:
-        raise ValueError(f"maps must be square [..., npix, npix], got {k.shape}")
-    if not 0.0 <= taper <= 1.0:
-        raise ValueError(f"taper must be in [0, 1], got {taper}")
-    if taper > 0:
-        x = (np.arange(npix) + 0.5) / npix  # pixel centres in (0, 1)
-        ramp = 0.5 * taper
-        t = np.ones(npix)
-        lo, hi = x < ramp, x > 1.0 - ramp
-        t[lo] = 0.5 * (1.0 - np.cos(np.pi * x[lo] / ramp))
-        t[hi] = 0.5 * (1.0 - np.cos(np.pi * (1.0 - x[hi]) / ramp))
-        w2 = np.outer(t, t)
-        k = k * w2 / np.sqrt(np.mean(w2 ** 2))
-    fov = math.radians(fov_deg)
-    n = np.fft.fftfreq(npix, 1.0 / npix)
-    ell = 2.0 * np.pi / fov * np.hypot(n[:, None], n[None, :])
-    f = np.fft.fft2(k)
-    pw = (np.abs(f) ** 2) * fov ** 2 / float(npix * npix) ** 2
-    ell_f, ell_ny = 2.0 * np.pi / fov, np.pi * npix / fov
-    if ell_edges is None:
-        ell_edges = (np.geomspace(ell_f, ell_ny, n_bins_ell + 1) if log_bins
-                     else np.linspace(ell_f, ell_ny, n_bins_ell + 1))
-    edges = np.asarray(ell_edges, float)
-    idx = np.digitize(ell.ravel(), edges) - 1  # bin b: edges[b] <= ell < edges[b+1]
-    last = ell.ravel() == edges[-1]
-    idx[last] = len(edges) - 2
-    nb = len(edges) - 1
-    ok = (idx >= 0) & (idx < nb) & (ell.ravel() > 0)
-    counts = np.bincount(idx[ok], minlength=nb).astype(float)
-    lsum = np.bincount(idx[ok], weights=ell.ravel()[ok], minlength=nb)
-    flat = pw.reshape(-1, npix * npix)[:, ok]
-    cl = np.stack([np.bincount(idx[ok], weights=row, minlength=nb) for row in flat])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        centres = lsum / counts
-        cl = cl / counts
-    return centres, cl.reshape(k.shape[:-2] + (nb,)), counts.astype(int)

@@ -296,9 +296,24 @@ def simulate(
     Returns ``(final_state, observables, max_disp)`` as :func:`nbody`; the final density is
     ``density(final_state.disp, grid)``.
     """
+    _check_inputs(cosmo, a_steps, noise, grid)
     a_steps = jnp.asarray(a_steps, grid.jdtype)
     state = initial_state(cosmo, noise, grid, a_steps[0], lpt_order)
     return nbody(cosmo, state, a_steps, grid, hook=hook, adjoint=adjoint)
+
+
+def _is_concrete(x) -> bool:
+    return not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(x))
+
+
+def _check_inputs(cosmo: Cosmology, a_steps, noise: Array, grid: Grid) -> None:
+    """Refuse bad input before anything is compiled (checks what is concrete at call time)."""
+    if _is_concrete(a_steps):
+        check_scale_factors(a_steps)
+    if _is_concrete(cosmo):
+        cosmo.validate()
+    if tuple(noise.shape) != grid.shape:
+        raise ValueError(f"white noise has shape {tuple(noise.shape)}, the grid {grid.shape}")
 
 
 def density(disp: Array, grid: Grid) -> Array:

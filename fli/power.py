@@ -38,7 +38,7 @@ def default_kedges(plan: FFTPlan, box, nbins: int | None = None) -> np.ndarray:
     """
     L = box3(box)
     kf = min(2.0 * np.pi / Li for Li in L)
-    knyq = min(np.pi * n / Li for n, Li in zip(plan.shape, L))
+    knyq = min(np.pi * n / Li for n, Li in zip(plan.shape, L, strict=False))
     jmax = max(int(np.floor(knyq / kf + 1e-9)), 1)
     if nbins is None:
         return kf * (np.arange(jmax + 1) + 0.5)

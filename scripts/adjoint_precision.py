@@ -52,7 +52,8 @@ def main(argv=None) -> int:
             st, _, _ = simulate(c, s, g, a_steps, adjoint=adjoint)
             return jnp.sum(density(st.disp, g) * w)
 
-        out = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(jnp.asarray(0.2607, g.jdtype), jnp.asarray(0.8102, g.jdtype), s)
+        oc, s8 = jnp.asarray(0.2607, g.jdtype), jnp.asarray(0.8102, g.jdtype)
+        out = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(oc, s8, s)
         return [np.asarray(o, np.float64) for o in out]
 
     def rel(a, b):

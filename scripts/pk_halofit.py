@@ -28,11 +28,11 @@ def main(argv=None) -> int:
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={px * py}"
 
     import jax  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
     import pyccl  # noqa: PLC0415
 
     from fli import plots  # noqa: PLC0415,F401  (sets the Agg backend)
-    import matplotlib.pyplot as plt  # noqa: PLC0415
     from fli.cosmology import linear_power, planck18  # noqa: PLC0415
     from fli.fft import lattice_cic_response  # noqa: PLC0415
     from fli.grid import Grid  # noqa: PLC0415

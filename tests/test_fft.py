@@ -47,7 +47,7 @@ def _rel(a, b):
 
 def _np_kgrid(shape, box, half=True):
     """numpy |k| of numpy.fft.rfftn (half) or fftn layout, and the three components."""
-    ks = [2 * np.pi * np.fft.fftfreq(n, L / n) for n, L in zip(shape, box)]
+    ks = [2 * np.pi * np.fft.fftfreq(n, L / n) for n, L in zip(shape, box, strict=False)]
     if half:
         ks[2] = 2 * np.pi * np.fft.rfftfreq(shape[2], box[2] / shape[2])
     kx, ky, kz = np.meshgrid(*ks, indexing="ij")
@@ -199,7 +199,7 @@ def test_jaxdecomp_backend_agrees_with_pencil(pdims, shape):
 
 
 def _grid(shape, box):
-    return np.meshgrid(*[np.arange(n) * L / n for n, L in zip(shape, box)], indexing="ij")
+    return np.meshgrid(*[np.arange(n) * L / n for n, L in zip(shape, box, strict=False)], indexing="ij")
 
 
 @pytest.mark.parametrize("order", [0, 2, 4])
@@ -208,8 +208,8 @@ def test_gradient_of_plane_wave(order):
     plan = make_fft(_mesh((2, 4)), shape)
     X = _grid(shape, BOX)
     m = (3, -2, 4)  # mode numbers along x, y, z
-    k = [2 * np.pi * mi / L for mi, L in zip(m, BOX)]
-    phase = sum(ki * Xi for ki, Xi in zip(k, X))
+    k = [2 * np.pi * mi / L for mi, L in zip(m, BOX, strict=False)]
+    phase = sum(ki * Xi for ki, Xi in zip(k, X, strict=False))
     f = jax.device_put(np.sin(phase).astype(np.float32), plan.sharding)
     fk = plan.rfft(f)
     for axis in range(3):
@@ -237,8 +237,8 @@ def test_inverse_laplacian_vs_numpy_and_known_field():
     assert float(np.asarray(kern)[0, 0, 0]) == 0.0 and np.all(np.isfinite(np.asarray(kern)))
     # lap phi = cos(k.x)  =>  phi = -cos(k.x) / k^2
     X = _grid(shape, BOX)
-    kv = [2 * np.pi * mi / L for mi, L in zip((1, 2, 3), BOX)]
-    phase = sum(ki * Xi for ki, Xi in zip(kv, X))
+    kv = [2 * np.pi * mi / L for mi, L in zip((1, 2, 3), BOX, strict=False)]
+    phase = sum(ki * Xi for ki, Xi in zip(kv, X, strict=False))
     k2 = sum(ki**2 for ki in kv)
     g = jax.device_put(np.cos(phase).astype(np.float32), plan.sharding)
     phi = plan.irfft(plan.rfft(g) * kern)

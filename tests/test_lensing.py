@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from fli import lensing as L
+from fli import limber as LB
+from fli import survey as SV
 from fli.config import LensingConfig, NzBinConfig, SurveyConfig
 from fli.cosmology import comoving_distance, planck18
 from fli.grid import Grid
@@ -25,8 +27,8 @@ from .conftest import LAYOUTS
 COSMO = planck18()
 SHAPE, BOX = (16, 16, 32), (1000.0, 1000.0, 4000.0)
 N_PLANES, FOV, NPIX, ZMAX = 8, 5.0, 16, 1.6
-BINS = [L.smail_bin(0.4, 2.0, 1.5, 0.2, 0.8, n_gal=10.0, label="b0"),
-        L.smail_bin(0.8, 2.0, 1.5, 0.8, 1.6, n_gal=5.0, label="b1")]
+BINS = [SV.smail_bin(0.4, 2.0, 1.5, 0.2, 0.8, n_gal=10.0, label="b0"),
+        SV.smail_bin(0.8, 2.0, 1.5, 0.8, 1.6, n_gal=5.0, label="b1")]
 
 
 @pytest.fixture(scope="module")
@@ -106,13 +108,13 @@ def test_geometry_from_config_and_validation_errors():
 def test_nz_table_validation_names_the_bin(z, nz, match):
     survey = SurveyConfig(bins=[NzBinConfig(), NzBinConfig(kind="table", z=z, nz=nz)])
     with pytest.raises(ValueError, match=rf"^survey.bins\[1\]: .*{match}"):
-        L.nz_bins_from_config(survey)
+        SV.nz_bins_from_config(survey)
 
 
 def test_nz_from_config_is_normalised():
     survey = SurveyConfig(bins=[NzBinConfig(z0=0.4, z_min=0.2, z_max=0.8),
                                 NzBinConfig(kind="table", z=[0.5, 1.0, 1.5], nz=[0.0, 2.0, 0.0])])
-    b0, b1 = L.nz_bins_from_config(survey)
+    b0, b1 = SV.nz_bins_from_config(survey)
     for b in (b0, b1):
         assert np.trapezoid(b.nz, b.z) == pytest.approx(1.0, rel=1e-12) and np.all(b.nz >= 0)
     assert b0.z[0] == 0.2 and b0.z_max == pytest.approx(0.8) and b1.z_mean == pytest.approx(1.0, abs=1e-3)
@@ -130,7 +132,7 @@ def test_lensing_efficiency_single_source_plane():
     """
     with jax.enable_x64(True):
         c = host_cosmo()
-        b = L.table_bin([0.999, 1.001], [1.0, 1.0], label="thin")
+        b = SV.table_bin([0.999, 1.001], [1.0, 1.0], label="thin")
         z3 = np.array([0.999, 1.0, 1.001])
         chi_lo, chi_s, chi_hi = np.asarray(jax.jit(comoving_distance)(c, 1 / (1 + z3)))
         chi = np.linspace(0.0, 1.2 * chi_s, 61)
@@ -153,8 +155,8 @@ def theory():
 
         @jax.jit
         def run(c):
-            return (L.limber_cl(c, BINS, ELL), L.limber_cl(c, BINS, ELL, flat_sky=True),
-                    L.limber_cl_planes(c, BINS, ELL, g64, nyquist_cut=False))
+            return (LB.limber_cl(c, BINS, ELL), LB.limber_cl(c, BINS, ELL, flat_sky=True),
+                    LB.limber_cl_planes(c, BINS, ELL, g64, nyquist_cut=False))
 
         return tuple(np.asarray(x) for x in run(c))
 
@@ -310,18 +312,18 @@ def test_born_convergence_gradients_match_finite_differences(geom):
 
 
 def test_load_mask(tmp_path):
-    assert L.load_mask(SurveyConfig(), NPIX) is None
+    assert SV.load_mask(SurveyConfig(), NPIX) is None
     m = np.ones((NPIX, NPIX), bool)
     m[0, :4] = False
     np.save(tmp_path / "mask.npy", m)
-    np.testing.assert_array_equal(L.load_mask(SurveyConfig(mask=str(tmp_path / "mask.npy")), NPIX), m)
+    np.testing.assert_array_equal(SV.load_mask(SurveyConfig(mask=str(tmp_path / "mask.npy")), NPIX), m)
     with pytest.raises(ValueError, match=r"^survey.mask must be a \[npix, npix\] = \[8, 8\] array"):
-        L.load_mask(SurveyConfig(mask=str(tmp_path / "mask.npy")), 8)
+        SV.load_mask(SurveyConfig(mask=str(tmp_path / "mask.npy")), 8)
 
 
 def test_noise_sigma_and_layout_independent_noise():
     survey = SurveyConfig(sigma_e=0.26, bins=[NzBinConfig(n_gal=10.0), NzBinConfig(n_gal=2.5)])
-    sig = L.noise_sigma(survey, FOV, NPIX)
+    sig = SV.noise_sigma(survey, FOV, NPIX)
     a_pix = (FOV * 60 / NPIX) ** 2  # arcmin^2
     np.testing.assert_allclose(sig, [0.26 / np.sqrt(10 * a_pix), 0.26 / np.sqrt(2.5 * a_pix)], rtol=1e-12)
     key = jax.random.key(11)
@@ -332,7 +334,7 @@ def test_noise_sigma_and_layout_independent_noise():
         grid = grid_for(pd)
         k0 = jax.device_put(np.zeros((2, NPIX, NPIX), np.float32),
                             jax.sharding.NamedSharding(grid.mesh, L.MAP_SPEC))
-        obs = L.add_noise(key, k0, sig, mask)
+        obs = SV.add_noise(key, k0, sig, mask)
         assert obs.kappa.sharding.is_equivalent_to(k0.sharding, 3)
         outs.append(np.asarray(obs.kappa))
     for o in outs[1:]:
@@ -348,19 +350,19 @@ def test_map_power_spectrum_of_white_noise_is_flat():
     relative scatter sqrt(2 / n_modes / n_maps) (pairs of modes +-n are equal), 5 sigma here."""
     npix, fov, s, n_maps = 128, 4.0, 0.02, 4
     maps = np.random.default_rng(6).normal(0.0, s, size=(n_maps, npix, npix))
-    ell, cl, nm = L.map_power_spectrum(maps, fov, n_bins_ell=12)
+    ell, cl, nm = LB.map_power_spectrum(maps, fov, n_bins_ell=12)
     a_pix = np.radians(fov / npix) ** 2
     assert cl.shape == (n_maps, 12) and ell.shape == nm.shape == (12,)
     ratio = cl.mean(0) / (s ** 2 * a_pix)
     assert np.all(np.abs(ratio - 1) < 5 * np.sqrt(2.0 / (nm * n_maps)))
     # the Tukey taper is normalised by its mean square: white noise stays at s^2 A_pix
-    _, clt, _ = L.map_power_spectrum(maps, fov, n_bins_ell=12, taper=0.5)
+    _, clt, _ = LB.map_power_spectrum(maps, fov, n_bins_ell=12, taper=0.5)
     assert np.all(np.abs(clt.mean(0) / (s ** 2 * a_pix) - 1) < 5 * np.sqrt(2.0 / (nm * n_maps)) * 1.5)
     lf = 2 * np.pi / np.radians(fov)
     assert np.all(np.diff(ell) > 0) and ell[0] > lf and ell[-1] < lf * npix / 2
     # a single cosine of n = 3 cycles: all power at ell = 3 * ell_f, C = A (amp/2)^2 * 2 / n_modes
     x = np.arange(npix)
     cosmap = np.broadcast_to(np.cos(2 * np.pi * 3 * x / npix)[:, None], (npix, npix))
-    ell, cl, nm = L.map_power_spectrum(cosmap, fov, ell_edges=[2.5 * lf, 3.5 * lf, 10 * lf])
+    ell, cl, nm = LB.map_power_spectrum(cosmap, fov, ell_edges=[2.5 * lf, 3.5 * lf, 10 * lf])
     assert cl[1] == pytest.approx(0.0, abs=1e-20)
     assert cl[0] * nm[0] == pytest.approx(2 * np.radians(fov) ** 2 / 4)

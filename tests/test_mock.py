@@ -146,7 +146,8 @@ def test_noiseless_mock_cl_matches_limber_over_seeds():
     where k_perp = ell / r at the lensing kernel's peak (r ~ 700 Mpc/h) is below 0.25 k_Nyq.
     """
     from fli.cli.mock import build
-    from fli.lensing import born_convergence, limber_cl_planes, map_power_spectrum, plane_hook
+    from fli.lensing import born_convergence, plane_hook
+    from fli.limber import limber_cl_planes, map_power_spectrum
     from fli.nbody import simulate
     from fli.sharding import white_noise
 

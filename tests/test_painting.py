@@ -12,14 +12,12 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from fli import painting  # noqa: E402
+from fli.halo import EXCHANGES, fold_exchange, pad_exchange  # noqa: E402
 from fli.painting import (  # noqa: E402
-    EXCHANGES,
     check_halo,
     cic_paint,
     cic_read,
-    fold_exchange,
     max_displacement,
-    pad_exchange,
     required_halo,
 )
 from fli.sharding import make_mesh  # noqa: E402
@@ -39,8 +37,8 @@ def _mesh(pdims):
     return make_mesh(pdims)
 
 
-def _put(x, mesh, spec=P("x", "y")):
-    return jax.device_put(x, NamedSharding(mesh, spec))
+def _put(x, mesh, spec=None):
+    return jax.device_put(x, NamedSharding(mesh, P("x", "y") if spec is None else spec))
 
 
 def _disp(rng, shape, halo, dtype=np.float32):

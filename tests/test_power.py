@@ -30,7 +30,7 @@ def np_power(x, box, edges, y=None):
     """Reference: full complex numpy FFT, every mode once, bins edges[b] <= |k| < edges[b+1]."""
     y = x if y is None else y
     fx, fy = np.fft.fftn(x.astype(np.float64)), np.fft.fftn(y.astype(np.float64))
-    ks = [2 * np.pi * np.fft.fftfreq(n, L / n) for n, L in zip(x.shape, box)]
+    ks = [2 * np.pi * np.fft.fftfreq(n, L / n) for n, L in zip(x.shape, box, strict=False)]
     kx, ky, kz = np.meshgrid(*ks, indexing="ij")
     k = np.sqrt(kx**2 + ky**2 + kz**2).ravel()
     p = (np.real(fx * np.conj(fy)) * np.prod(box) / x.size**2).ravel()

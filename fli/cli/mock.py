@@ -26,11 +26,15 @@ def build(cfg: Config):
     """Cosmology, grid and lens geometry from a validated config (host side, no compilation)."""
     from fli.cosmology import Cosmology  # noqa: PLC0415
     from fli.grid import Grid  # noqa: PLC0415
-    from fli.lensing import lens_geometry, nz_bins_from_config  # noqa: PLC0415
+    from fli.lensing import lens_geometry  # noqa: PLC0415
     from fli.sharding import make_mesh  # noqa: PLC0415
+    from fli.survey import nz_bins_from_config  # noqa: PLC0415
 
     sim = cfg.simulation
-    cosmo = Cosmology(**dataclasses.asdict(cfg.cosmology))
+    try:
+        cosmo = Cosmology(**dataclasses.asdict(cfg.cosmology)).validate()
+    except ValueError as e:
+        raise ConfigError(f"cosmology.{e}") from None
     mesh = make_mesh(cfg.distributed.pdims)
     grid = Grid(tuple(sim.mesh), tuple(sim.box), mesh, halo=sim.halo, fft_backend=sim.fft_backend,
                 dtype=sim.dtype)
@@ -45,10 +49,11 @@ def build(cfg: Config):
 
 def make_mock(cfg: Config, log: logging.Logger | None = None) -> dict:
     """Run the forward model for the config's truth; returns the arrays and diagnostics."""
-    from fli.lensing import add_noise, born_convergence, load_mask, noise_sigma, plane_hook  # noqa: PLC0415
+    from fli.lensing import born_convergence, plane_hook  # noqa: PLC0415
     from fli.nbody import density, simulate  # noqa: PLC0415
     from fli.painting import check_halo  # noqa: PLC0415
     from fli.sharding import white_noise  # noqa: PLC0415
+    from fli.survey import add_noise, load_mask, noise_sigma  # noqa: PLC0415
 
     log = log or logging.getLogger("fli")
     cosmo, grid, geom, bins, a_steps = build(cfg)
@@ -136,7 +141,7 @@ def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
     """
     from fli import plots  # noqa: PLC0415
     from fli.cosmology import linear_power  # noqa: PLC0415
-    from fli.lensing import limber_cl_planes, map_power_spectrum  # noqa: PLC0415
+    from fli.limber import limber_cl_planes, map_power_spectrum  # noqa: PLC0415
     from fli.lpt import linear_field  # noqa: PLC0415
     from fli.power import power_spectrum  # noqa: PLC0415
     from fli.sharding import process_allgather  # noqa: PLC0415
