@@ -160,8 +160,13 @@ def test_pm_growth_large_scales_64():
     st, _, _ = jax.jit(lambda c, s: simulate(c, s, grid, np.linspace(0.1, 1, 11)))(cosmo, s)
     k, p, _ = power_spectrum(density(st.disp, grid) - 1.0, grid.fft, grid.box)
     _, p_lin, _ = power_spectrum(linear_field(cosmo, s, grid, 1.0), grid.fft, grid.box)
-    ratio = np.asarray(p / p_lin)
-    assert abs(ratio[0] - 1) < 0.02, ratio  # the fundamental: growth exact to CIC response
+    ratio = np.asarray(p / p_lin)[np.asarray(k) < 0.03]
+    # same realisation: no cosmic variance. The fundamental grows as linear theory to 2%; at
+    # 20 cells per wavelength the one-particle-per-cell PM loses power (lattice response of
+    # painting + force resolution): measured 0.938 and 0.913 at k = 0.020 and 0.026, short of
+    # the 2% the forward-model issue asked for (see docs/benchmarks.md), so 10% here.
+    assert abs(ratio[0] - 1) < 0.02, ratio
+    assert np.all(np.abs(ratio - 1) < 0.10), ratio
 
 
 def test_bad_input_is_refused_before_compiling():
