@@ -415,6 +415,15 @@ def _interp_tables(geometry: LensGeometry, order: str, dtype):
     return out
 
 
+def _check_planes(planes, geometry: LensGeometry, grid, order: str) -> None:
+    if order not in ("steps", "near_first"):
+        raise ValueError(f"order must be 'steps' or 'near_first', got {order!r}")
+    _check_grid(geometry, grid)
+    if planes.shape != (geometry.n_used, *geometry.shape[:2]):
+        raise ValueError(f"planes must be [n_used, nx, ny] = {(geometry.n_used, *geometry.shape[:2])}, "
+                         f"got {tuple(planes.shape)}")
+
+
 def project_planes(planes, geometry: LensGeometry, grid, *, order: str = "steps"):
     """Each plane evaluated at the pixels: ``plane_i(theta r_i)`` ``[n_used, npix, npix]``
     sharded ``P(None, 'x', 'y')``, in the order of the input.
@@ -427,12 +436,7 @@ def project_planes(planes, geometry: LensGeometry, grid, *, order: str = "steps"
     plane in turn is ``all_gather``-ed over both mesh axes (peak: one full plane per device)
     and each device computes its own block of pixels.  Linear in ``planes``.
     """
-    if order not in ("steps", "near_first"):
-        raise ValueError(f"order must be 'steps' or 'near_first', got {order!r}")
-    _check_grid(geometry, grid)
-    if planes.shape != (geometry.n_used, *geometry.shape[:2]):
-        raise ValueError(f"planes must be [n_used, nx, ny] = {(geometry.n_used, *geometry.shape[:2])}, "
-                         f"got {tuple(planes.shape)}")
+    _check_planes(planes, geometry, grid, order)
     return _project(planes, geometry, grid, order)
 
 
@@ -489,12 +493,7 @@ def born_convergence(cosmo: Cosmology, planes, geometry: LensGeometry, grid,
             use the geometry's (fiducial) crossing times instead.
     Differentiable in ``planes`` and ``cosmo`` (Omega_m, a_i and chi(z) in g_b).
     """
-    if order not in ("steps", "near_first"):
-        raise ValueError(f"order must be 'steps' or 'near_first', got {order!r}")
-    _check_grid(geometry, grid)
-    if planes.shape != (geometry.n_used, *geometry.shape[:2]):
-        raise ValueError(f"planes must be [n_used, nx, ny] = {(geometry.n_used, *geometry.shape[:2])}, "
-                         f"got {tuple(planes.shape)}")
+    _check_planes(planes, geometry, grid, order)
     # two jitted pieces: the weights (cosmology, compiled once per geometry) and the
     # projection (compiled per device mesh); inside an outer jit both are simply inlined
     w = _born_weights_jit(cosmo, geometry, as_bin_list(nz_bins), plane_a)  # nearest first
