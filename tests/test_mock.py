@@ -181,3 +181,18 @@ def test_noiseless_mock_cl_matches_limber_over_seeds():
     # dr or 2 in amplitude) fail it.
     assert abs(mean - 1) < 3 * err + 0.15, (mean, err, ratio.mean(axis=0))
     assert err < 0.1  # the check has teeth: 8 seeds pin the mean to better than 10%
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (Debian: openmpi-bin)")
+def test_mpirun_launch_autodetects_and_matches(mock_dir, tmp_path):
+    """`mpirun -n 2 fli-mock ...` with no coordinator: jax.distributed finds Open MPI's variables."""
+    run = tmp_path / "mpi"
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, "-m", "fli.cli.mock",
+           *TINY, f"run_dir={run}", "distributed.pdims=[2,2]", "distributed.local_device_count=2"]
+    rc, out = launch(lambda i: cmd, n=1)[0]
+    assert rc == 0, out[-3000:]
+    assert json.loads((run / "summary.json").read_text())["processes"] == 2
+    ref, mp = load_mock(mock_dir), load_mock(run)
+    np.testing.assert_array_equal(mp.white_noise, ref.white_noise)
+    np.testing.assert_allclose(mp.kappa_true, ref.kappa_true, rtol=1e-5, atol=1e-5 * np.abs(ref.kappa_true).max())
