@@ -196,3 +196,12 @@ def test_mpirun_launch_autodetects_and_matches(mock_dir, tmp_path):
     ref, mp = load_mock(mock_dir), load_mock(run)
     np.testing.assert_array_equal(mp.white_noise, ref.white_noise)
     np.testing.assert_allclose(mp.kappa_true, ref.kappa_true, rtol=1e-5, atol=1e-5 * np.abs(ref.kappa_true).max())
+
+
+def test_particles_outrunning_the_halo_stop_the_mock(tmp_path, capsys):
+    """sigma8 = 2.5 moves tiny's particles ~2.6 cells: a 2-cell halo must refuse, not clip silently."""
+    run = tmp_path / "run"
+    assert main([*TINY, "cosmology.sigma8=2.5", "simulation.halo=2", f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    assert "simulation.halo: particles moved" in err and "increase simulation.halo" in err
+    assert not run.exists()
