@@ -186,12 +186,15 @@ def test_noiseless_mock_cl_matches_limber_over_seeds():
 @pytest.mark.multiprocess
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (Debian: openmpi-bin)")
 def test_mpirun_launch_autodetects_and_matches(mock_dir, tmp_path):
-    """`mpirun -n 2 fli-mock ...` with no coordinator: jax.distributed finds Open MPI's variables."""
-    run = tmp_path / "mpi"
+    """`mpirun -n 2 fli-mock ...` with no coordinator: jax.distributed finds Open MPI's variables,
+    and without run_dir both processes agree on one timestamped run directory."""
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, "-m", "fli.cli.mock",
-           *TINY, f"run_dir={run}", "distributed.pdims=[2,2]", "distributed.local_device_count=2"]
-    rc, out = launch(lambda i: cmd, n=1)[0]
+           *TINY, "distributed.pdims=[2,2]", "distributed.local_device_count=2"]
+    rc, out = launch(lambda i: cmd, n=1, cwd=tmp_path)[0]
     assert rc == 0, out[-3000:]
+    runs = list((tmp_path / "outputs" / "mock").iterdir())
+    assert len(runs) == 1, runs
+    run = runs[0]
     assert json.loads((run / "summary.json").read_text())["processes"] == 2
     ref, mp = load_mock(mock_dir), load_mock(run)
     np.testing.assert_array_equal(mp.white_noise, ref.white_noise)

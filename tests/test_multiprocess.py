@@ -32,10 +32,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(argv_for, n=2, timeout=600):
-    """Start n processes with argv_for(pid); return their (rc, output)."""
+def launch(argv_for, n=2, timeout=600, cwd=ROOT):
+    """Start n processes with argv_for(pid) in cwd; return their (rc, output)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS="")
-    procs = [subprocess.Popen(argv_for(i), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen(argv_for(i), cwd=cwd, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i in range(n)]
     outs = []
     for p in procs:

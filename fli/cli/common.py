@@ -85,15 +85,16 @@ def run_directory(cfg: Config, command: str) -> Path:
     import jax  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
-    stamp = np.array([int(_dt.datetime.now().strftime("%Y%m%d%H%M%S")),
-                      _dt.datetime.now().microsecond // 1000], dtype=np.int64)
+    now = _dt.datetime.now()
+    # two int32 values (date, time in ms): int64 would be narrowed without jax_enable_x64
+    stamp = np.array([int(now.strftime("%Y%m%d")), int(now.strftime("%H%M%S")) * 1000 + now.microsecond // 1000],
+                     dtype=np.int32)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils  # noqa: PLC0415
 
-        stamp = np.asarray(multihost_utils.broadcast_one_to_all(stamp.astype(np.int32) if False else stamp))
-    s = str(int(stamp[0]))
-    name = f"{s[:4]}-{s[4:6]}-{s[6:8]}_{s[8:10]}-{s[10:12]}-{s[12:14]}-{int(stamp[1]):03d}"
-    return Path("outputs") / command / name
+        stamp = np.asarray(multihost_utils.broadcast_one_to_all(stamp))
+    d, t = f"{int(stamp[0]):08d}", f"{int(stamp[1]):09d}"
+    return Path("outputs") / command / f"{d[:4]}-{d[4:6]}-{d[6:]}_{t[:2]}-{t[2:4]}-{t[4:6]}-{t[6:]}"
 
 
 def main_wrapper(command: str, body: Callable[[Config, dict, Path, logging.Logger], None],
