@@ -25,9 +25,6 @@ from jax.sharding import PartitionSpec as P
 AXES = ("x", "y")
 FIELD_SPEC = P("x", "y")
 
-_log = logging.getLogger("fli")
-
-
 def parse_pdims(pdims: str | Sequence[int]) -> tuple[int, int]:
     """``"2x4"``, ``(2, 4)`` or ``[2, 4]`` -> ``(2, 4)``; raises ``ValueError`` otherwise."""
     if isinstance(pdims, str):
@@ -145,10 +142,6 @@ def _initialised() -> bool:
         return _d.global_state.client is not None
     except Exception:  # pragma: no cover - private API moved
         return False
-
-
-def is_rank0() -> bool:
-    return jax.process_index() == 0
 
 
 class _Rank0Filter(logging.Filter):
