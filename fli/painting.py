@@ -129,21 +129,23 @@ def check_halo(max_disp, halo: int, policy: str = "raise") -> bool:
 _CORNERS = [(a, b, c) for a in (0, 1) for b in (0, 1) for c in (0, 1)]  # k = 4a + 2b + c
 
 
-def _stencil(disp: Array, halo: int):
-    """CIC stencil of the local particles ``disp`` ``[bx, by, nz, 3]`` (cells).
+def _stencil(disp: Array, halo: int, padded: tuple[int, int] | None = None, x0: Array | int = 0):
+    """CIC stencil of local particles ``disp`` ``[rows, by, nz, 3]`` (cells): the whole block,
+    or a slab of it whose first row is row ``x0`` of the block (then ``padded = (bx + 2h,
+    by + 2h)`` gives the padded block's transverse shape).
 
-    Returns ``idx`` int32 ``[bx, by, nz, 8]``, flat indices of the 8 corners into the padded
+    Returns ``idx`` int32 ``[rows, by, nz, 8]``, flat indices of the 8 corners into the padded
     block ``[bx+2h, by+2h, nz]`` (C order, corner ``k = 4a + 2b + c``); ``wx, wy, wz``, pairs
     of 1D weights (``w_k = wx[a] * wy[b] * wz[c]``); and ``mx, my``, 1 where the x (y)
     position was not clipped onto the padded block, else 0 (the derivative there is 0).
     """
     bx, by, nz = disp.shape[:3]
-    big_x, big_y = bx + 2 * halo, by + 2 * halo
+    big_x, big_y = (bx + 2 * halo, by + 2 * halo) if padded is None else padded
     base = jnp.floor(disp)
     frac = disp - base  # in [0, 1)
     cell = base.astype(jnp.int32)
     shape = (bx, by, nz)
-    i0 = lax.broadcasted_iota(jnp.int32, shape, 0) + halo + cell[..., 0]
+    i0 = lax.broadcasted_iota(jnp.int32, shape, 0) + (x0 + halo) + cell[..., 0]
     j0 = lax.broadcasted_iota(jnp.int32, shape, 1) + halo + cell[..., 1]
     k0 = lax.broadcasted_iota(jnp.int32, shape, 2) + cell[..., 2]
     fx, fy, fz = frac[..., 0], frac[..., 1], frac[..., 2]
@@ -167,6 +169,48 @@ def _stencil(disp: Array, halo: int):
     idx = (ix[..., :, None, None] * big_y + iy[..., None, :, None]) * nz + iz[..., None, None, :]
     wx, wy, wz = (1.0 - fx, fx), (1.0 - fy, fy), (1.0 - fz, fz)
     return idx.reshape(shape + (8,)), (wx, wy, wz), (mx, my)
+
+
+# The read and its adjoint loop over slabs of whole x rows of about this many particles, so
+# that their [N, 8, C] gathers and scatter updates never exist for the whole block. Measured at
+# 128^3 on 2 CPU devices, PM force plus its VJP: temporaries 326 -> 142 MiB, time +7%.
+CHUNK_PARTICLES = 1 << 14
+
+
+def _rows_per_slab(bx: int, by: int, nz: int) -> int:
+    """Largest divisor of ``bx`` whose slab ``[rows, by, nz]`` holds <= CHUNK_PARTICLES particles
+    (at least one row)."""
+    return max(r for r in range(1, bx + 1) if bx % r == 0 and (r == 1 or r * by * nz <= CHUNK_PARTICLES))
+
+
+def _zeros(shape, dtype, like: Array) -> Array:
+    """Zeros that vary over the same manual mesh axes as ``like``: inside ``shard_map`` a loop
+    carry must keep its type, and these accumulate per-device values."""
+    z = jnp.zeros(shape, dtype)
+    aval = jax.typeof(like)
+    mat = getattr(aval, "mat", None)  # jax 0.10: ManualAxisType; earlier releases: aval.vma
+    varying = mat.varying if mat is not None else getattr(aval, "vma", frozenset())
+    return lax.pcast(z, tuple(sorted(varying)), to="varying") if varying else z
+
+
+def _over_slabs(body, disp: Array, halo: int, init):
+    """``lax.fori_loop`` of ``body(x0, slab_disp, stencil, carry) -> carry`` over slabs of
+    whole x rows of the local particles, from ``init``; ``stencil`` is :func:`_stencil` of the
+    slab starting at row ``x0``. One slab: no loop."""
+    bx, by, nz = disp.shape[:3]
+    rows = _rows_per_slab(bx, by, nz)
+    padded = (bx + 2 * halo, by + 2 * halo)
+
+    def step(i, carry):
+        x0 = i * rows
+        d = lax.dynamic_slice_in_dim(disp, x0, rows, 0)
+        return body(x0, d, _stencil(d, halo, padded, x0), carry)
+
+    return step(0, init) if rows == bx else lax.fori_loop(0, bx // rows, step, init)
+
+
+def _put_rows(out: Array, value: Array, x0) -> Array:
+    return lax.dynamic_update_slice_in_dim(out, value.astype(out.dtype), x0, 0)
 
 
 def _corner_weights(wx, wy, wz) -> Array:
@@ -238,16 +282,20 @@ _deposit.defvjp(_deposit_fwd, _deposit_bwd)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _interp(flat: Array, disp: Array, halo: int) -> Array:
-    """CIC interpolation of the flat padded block ``[M, C]`` at the local particles:
+    """CIC interpolation of the flat padded block ``[M, C]`` at the local particles: per slab,
     ONE gather of the 8 corners for all C components; returns ``[bx, by, nz, C]``."""
-    idx, (wx, wy, wz), _ = _stencil(disp, halo)
     dtype = jnp.result_type(flat.dtype, disp.dtype)
-    w = _corner_weights(wx, wy, wz).astype(dtype)
-    vals = flat.at[idx].get(mode="promise_in_bounds").astype(dtype)  # [bx, by, nz, 8, C]
-    out = vals[..., 0, :] * w[..., 0, None]
-    for k in range(1, 8):  # unrolled: much faster on CPU than a sum over the corner axis
-        out = out + vals[..., k, :] * w[..., k, None]
-    return out
+
+    def body(x0, d, st, out):
+        idx, (wx, wy, wz), _ = st
+        w = _corner_weights(wx, wy, wz).astype(dtype)
+        vals = flat.at[idx].get(mode="promise_in_bounds").astype(dtype)  # [rows, by, nz, 8, C]
+        acc = vals[..., 0, :] * w[..., 0, None]
+        for k in range(1, 8):  # unrolled: much faster on CPU than a sum over the corner axis
+            acc = acc + vals[..., k, :] * w[..., k, None]
+        return _put_rows(out, acc, x0)
+
+    return _over_slabs(body, disp, halo, _zeros(disp.shape[:3] + flat.shape[-1:], dtype, disp))
 
 
 def _interp_fwd(flat, disp, halo):
@@ -256,22 +304,28 @@ def _interp_fwd(flat, disp, halo):
 
 def _interp_bwd(halo, res, ct):
     flat, disp = res
-    idx, (wx, wy, wz), (mx, my) = _stencil(disp, halo)
     ncomp = flat.shape[-1]
-    # field: the transpose of the gather, ONE scatter-add of w_k * ct
-    w = _corner_weights(wx, wy, wz).astype(ct.dtype)
-    upd = w[..., None] * ct[..., None, :]  # [bx, by, nz, 8, C]
-    g_flat = jnp.zeros(flat.shape, ct.dtype).at[idx].add(upd, mode="promise_in_bounds")
-    # positions: dL/dw_k = sum_c ct_c * f_c(corner k)
-    vals = flat.at[idx].get(mode="promise_in_bounds").astype(ct.dtype)
-    gk = []
-    for k in range(8):
-        s = vals[..., k, 0] * ct[..., 0]
-        for c in range(1, ncomp):
-            s = s + vals[..., k, c] * ct[..., c]
-        gk.append(s)
-    gx, gy, gz = _weight_grads(gk, wx, wy, wz)
-    g_disp = jnp.stack([gx * mx, gy * my, gz], -1).astype(disp.dtype)
+
+    def body(x0, d, st, carry):
+        g_flat, g_disp = carry
+        idx, (wx, wy, wz), (mx, my) = st
+        c = lax.dynamic_slice_in_dim(ct, x0, d.shape[0], 0)
+        # field: the transpose of the gather, ONE scatter-add of w_k * ct
+        w = _corner_weights(wx, wy, wz).astype(ct.dtype)
+        g_flat = g_flat.at[idx].add(w[..., None] * c[..., None, :], mode="promise_in_bounds")
+        # positions: dL/dw_k = sum_c ct_c * f_c(corner k)
+        vals = flat.at[idx].get(mode="promise_in_bounds").astype(ct.dtype)
+        gk = []
+        for k in range(8):
+            s = vals[..., k, 0] * c[..., 0]
+            for q in range(1, ncomp):
+                s = s + vals[..., k, q] * c[..., q]
+            gk.append(s)
+        gx, gy, gz = _weight_grads(gk, wx, wy, wz)
+        return g_flat, _put_rows(g_disp, jnp.stack([gx * mx, gy * my, gz], -1), x0)
+
+    init = (_zeros(flat.shape, ct.dtype, disp), _zeros(disp.shape, disp.dtype, disp))
+    g_flat, g_disp = _over_slabs(body, disp, halo, init)
     return g_flat.astype(flat.dtype), g_disp
 
 
