@@ -65,6 +65,7 @@ class SimulationConfig:
     dtype: str = "float32"  # "float32" | "float64"
     fft_backend: str = "pencil"  # "pencil" | "jaxdecomp"
     adjoint: str = "checkpoint"  # "checkpoint" | "reversible"
+    force_correction: float = 0.25  # c in the PM force's 1 + c sum (k_i h_i)^2; 0 = off
 
     def __post_init__(self) -> None:
         _check(len(self.mesh) == 3 and all(isinstance(n, int) and n >= 2 for n in self.mesh),
@@ -81,6 +82,9 @@ class SimulationConfig:
                "'pencil' or 'jaxdecomp'", self.fft_backend)
         _check(self.adjoint in ("checkpoint", "reversible"), "simulation.adjoint",
                "'checkpoint' or 'reversible'", self.adjoint)
+        _check(_finite(self.force_correction) and self.force_correction >= 0, "simulation.force_correction",
+               "a finite number >= 0 (0.25 corrects the one-particle-per-cell force; 0 turns it off)",
+               self.force_correction)
 
 
 @dataclass

@@ -29,6 +29,10 @@ class Grid:
         halo: padding [cells] of the local blocks for painting and reading.
         fft_backend: ``"pencil"`` (default) or ``"jaxdecomp"``.
         dtype: ``"float32"`` or ``"float64"``.
+        force_correction: coefficient ``c`` of the PM force's resolution correction
+            ``1 + c sum_i (k_i h_i)^2`` (:func:`fli.fft.force_correction_kernel`); 0 turns it
+            off. The default 1/4 makes large-scale growth at one particle per cell match linear
+            theory (see docs/benchmarks.md, "Large-scale growth").
     """
 
     shape: tuple[int, int, int]
@@ -37,6 +41,7 @@ class Grid:
     halo: int = 4
     fft_backend: str = "pencil"
     dtype: str = "float32"
+    force_correction: float = 0.25
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
@@ -52,17 +57,20 @@ class Grid:
                 f"halo {self.halo} must be between 1 and the local block size {min(bx, by)} cells "
                 f"(mesh {self.shape} over pdims {mesh_pdims(self.mesh)})"
             )
+        object.__setattr__(self, "force_correction", float(self.force_correction))
+        if not (math.isfinite(self.force_correction) and self.force_correction >= 0):
+            raise ValueError(f"force_correction must be a finite number >= 0, got {self.force_correction}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
 
     def __hash__(self) -> int:  # cached_property needs a __dict__; hash the defining fields only
-        return hash((self.shape, self.box, self.mesh, self.halo, self.fft_backend, self.dtype))
+        return hash(self._key())
+
+    def _key(self) -> tuple:
+        return (self.shape, self.box, self.mesh, self.halo, self.fft_backend, self.dtype, self.force_correction)
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Grid) and (
-            (self.shape, self.box, self.mesh, self.halo, self.fft_backend, self.dtype)
-            == (other.shape, other.box, other.mesh, other.halo, other.fft_backend, other.dtype)
-        )
+        return isinstance(other, Grid) and self._key() == other._key()
 
     @property
     def pdims(self) -> tuple[int, int]:

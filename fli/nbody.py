@@ -40,7 +40,7 @@ from jax import Array
 
 from fli import cosmology as cosmo_mod
 from fli.cosmology import Cosmology
-from fli.fft import gradient_kernel, inv_laplace_kernel
+from fli.fft import force_correction_kernel, gradient_kernel, inv_laplace_kernel
 from fli.grid import Grid
 from fli.lpt import linear_modes, lpt
 from fli.painting import cic_paint, cic_read
@@ -109,14 +109,18 @@ def pm_force(cosmo: Cosmology, disp: Array, grid: Grid) -> tuple[Array, Array]:
     """PM gravity at the particles, ``F = -grad psi`` with ``lap psi = 1.5 Omega_m delta``.
 
     CIC paint (one scatter), one forward FFT, three inverse FFTs, one CIC read of the three
-    components. Returns ``(force [nx,ny,nz,3] [Mpc/h H0^2], density [nx,ny,nz])`` where
+    components. The potential kernel carries the grid's resolution correction
+    (``grid.force_correction``, see :func:`fli.fft.force_correction_kernel`). Returns ``(force [nx,ny,nz,3] [Mpc/h H0^2], density [nx,ny,nz])`` where
     ``density`` is the particle count per cell (mean 1).
     """
     plan = grid.fft
     cell = jnp.asarray(grid.cell, disp.dtype)
     cells = disp / cell
     rho = cic_paint(cells, grid.mesh, grid.halo)
-    pot_k = plan.rfft(rho) * (1.5 * cosmo.Omega_m * inv_laplace_kernel(plan, grid.box, dtype=grid.dtype))
+    kernel = inv_laplace_kernel(plan, grid.box, dtype=grid.dtype)
+    if grid.force_correction:
+        kernel = kernel * force_correction_kernel(plan, grid.box, grid.force_correction, dtype=grid.dtype)
+    pot_k = plan.rfft(rho) * (1.5 * cosmo.Omega_m * kernel)
     comps = jnp.stack([plan.irfft(-gradient_kernel(plan, grid.box, i, dtype=grid.dtype) * pot_k) for i in range(3)])
     force = cic_read(comps, cells, grid.mesh, grid.halo)
     return force.astype(disp.dtype), rho

@@ -39,6 +39,7 @@ def test_every_experiment_composes(exp):
         ("cosmology.sigma8=nan", "cosmology.sigma8"),
         ("distributed.pdims=[3,1]", "not divisible by distributed.pdims"),
         ("simulation.fft_backend=fftw", "simulation.fft_backend"),
+        ("simulation.force_correction=-1", "simulation.force_correction"),
         ("experiment=nope", "experiment/nope"),
     ],
 )

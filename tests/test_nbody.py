@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fli.cosmology import growth_factor, planck18
-from fli.fft import lattice_cic_response
+from fli.fft import cic_compensation, force_correction_kernel, lattice_cic_response
 from fli.grid import Grid
 from fli.lpt import linear_field, linear_modes, lpt
 from fli.nbody import (
@@ -151,22 +151,53 @@ def test_lpt_matches_linear_theory_at_early_times():
     assert raw[-1] < 0.95 and np.all(raw < 1), raw
 
 
-@pytest.mark.slow
+def _growth_ratios(seeds, force_correction):
+    """P / (D^2 P_lin) of the same realisations, k < 0.03 h/Mpc, after 2LPT + 10 PM steps
+    (a = 0.1 -> 1) at 64^3 in 1000 Mpc/h. The painted field's CIC window is divided out (the
+    standard mass-assignment compensation of a P(k) estimator)."""
+    grid = Grid((64, 64, 64), (1000.0,) * 3, make_mesh((1, 2)), halo=4, force_correction=force_correction)
+    cosmo, plan = planck18(), grid.fft
+    run = jax.jit(lambda c, s: simulate(c, s, grid, np.linspace(0.1, 1, 11)))
+    out = []
+    for seed in seeds:
+        s = white_noise(seed, grid.shape, grid.mesh)
+        st, _, maxd = run(cosmo, s)
+        assert float(np.max(np.asarray(maxd))) < grid.halo
+        delta = plan.irfft(plan.rfft(density(st.disp, grid) - 1.0) * cic_compensation(plan))
+        k, p, _ = power_spectrum(delta, plan, grid.box)
+        _, p_lin, _ = power_spectrum(linear_field(cosmo, s, grid, 1.0), plan, grid.box)
+        out.append(np.asarray(p / p_lin)[np.asarray(k) < 0.03])
+    return np.array(out)  # [seed, bin]: k = 0.008, 0.014, 0.020, 0.026 h/Mpc
+
+
 def test_pm_growth_large_scales_64():
-    """2LPT + 10 PM steps, a = 0.1 -> 1, 1000 Mpc/h, 64^3: P / (D^2 P_lin) on large scales."""
-    grid = Grid((64, 64, 64), (1000.0,) * 3, make_mesh((1, 2)), halo=4)
-    cosmo = planck18()
-    s = white_noise(0, grid.shape, grid.mesh)
-    st, _, _ = jax.jit(lambda c, s: simulate(c, s, grid, np.linspace(0.1, 1, 11)))(cosmo, s)
-    k, p, _ = power_spectrum(density(st.disp, grid) - 1.0, grid.fft, grid.box)
-    _, p_lin, _ = power_spectrum(linear_field(cosmo, s, grid, 1.0), grid.fft, grid.box)
-    ratio = np.asarray(p / p_lin)[np.asarray(k) < 0.03]
-    # same realisation: no cosmic variance. The fundamental grows as linear theory to 2%; at
-    # 20 cells per wavelength the one-particle-per-cell PM loses power (lattice response of
-    # painting + force resolution): measured 0.938 and 0.913 at k = 0.020 and 0.026, short of
-    # the 2% the forward-model issue asked for (see docs/benchmarks.md), so 10% here.
-    assert abs(ratio[0] - 1) < 0.02, ratio
-    assert np.all(np.abs(ratio - 1) < 0.10), ratio
+    """The forward-model issue's growth target: 1 within 2% for k < 0.03 h/Mpc."""
+    ratios = _growth_ratios(range(4), 0.25)
+    # Same realisation, so the Gaussian cosmic variance cancels, but not the nonlinear terms:
+    # a single seed's <delta_1 delta_2>-type cross terms scatter each bin by ~1-2% (measured
+    # 0.969-1.012 over 4 seeds). The mean over 4 seeds is held to the 2% target; a single
+    # seed to 4%.
+    mean = ratios.mean(axis=0)
+    assert np.all(np.abs(mean - 1) < 0.02), ratios
+    assert np.all(np.abs(ratios - 1) < 0.04), ratios
+    # without the resolution correction the PM force is ~(k h)^2 / 4 short and the growth
+    # falls behind (measured 0.937 at k = 0.026 for seed 0): the correction is what passes
+    plain = _growth_ratios([0], 0.0)
+    assert plain[0, -1] < 0.96 < ratios[0, -1], (plain, ratios)
+
+
+def test_force_correction_kernel():
+    grid = Grid((8, 12, 16), (80.0, 60.0, 160.0), make_mesh((1, 1)))
+    plan = grid.fft
+    kern = np.broadcast_to(np.asarray(force_correction_kernel(plan, grid.box, 0.25)), plan.kshape)
+    kx, ky, kz = (np.broadcast_to(np.asarray(k), plan.kshape) for k in plan.kvec(grid.box))
+    h = grid.cell
+    np.testing.assert_allclose(kern, 1 + 0.25 * ((kx * h[0]) ** 2 + (ky * h[1]) ** 2 + (kz * h[2]) ** 2), rtol=1e-6)
+    assert kern[0, 0, 0] == 1.0
+    # the largest factor is at the Nyquist corner: 1 + 3 pi^2 / 4
+    assert np.isclose(kern.max(), 1 + 0.75 * np.pi**2, rtol=1e-5)
+    with pytest.raises(ValueError, match="force_correction must be a finite number >= 0"):
+        Grid((8, 8, 8), (100.0,) * 3, make_mesh((1, 1)), force_correction=-0.1)
 
 
 def test_bad_input_is_refused_before_compiling():

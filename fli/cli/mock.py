@@ -37,7 +37,7 @@ def build(cfg: Config):
         raise ConfigError(f"cosmology.{e}") from None
     mesh = make_mesh(cfg.distributed.pdims)
     grid = Grid(tuple(sim.mesh), tuple(sim.box), mesh, halo=sim.halo, fft_backend=sim.fft_backend,
-                dtype=sim.dtype)
+                dtype=sim.dtype, force_correction=sim.force_correction)
     try:
         bins = nz_bins_from_config(cfg.survey)
         geom = lens_geometry(cosmo, grid, cfg.lensing, cfg.survey)
