@@ -110,8 +110,9 @@ def pm_force(cosmo: Cosmology, disp: Array, grid: Grid) -> tuple[Array, Array]:
 
     CIC paint (one scatter), one forward FFT, three inverse FFTs, one CIC read of the three
     components. The potential kernel carries the grid's resolution correction
-    (``grid.force_correction``, see :func:`fli.fft.force_correction_kernel`). Returns ``(force [nx,ny,nz,3] [Mpc/h H0^2], density [nx,ny,nz])`` where
-    ``density`` is the particle count per cell (mean 1).
+    (``grid.force_correction``, see :func:`fli.fft.force_correction_kernel`).
+    Returns ``(force [nx,ny,nz,3] [Mpc/h H0^2], density [nx,ny,nz])`` where ``density`` is the
+    particle count per cell (mean 1).
     """
     plan = grid.fft
     cell = jnp.asarray(grid.cell, disp.dtype)
