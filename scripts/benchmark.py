@@ -70,26 +70,29 @@ def worker(cfg: dict) -> dict:
         return jnp.sum(rho * w)
 
     def timed(fn, *args):
-        out = fn(*args)
-        jax.block_until_ready(out)  # warm-up: compile
+        fn = fn.lower(*args).compile()  # compile apart from the runs
         if cfg["trim"]:
             release_freed_memory()  # what the compiler freed goes back to the OS (fli.host)
+        out = fn(*args)
+        jax.block_until_ready(out)  # warm-up run
         ts = []
         for _ in range(cfg["repeats"]):
             t0 = time.perf_counter()
             jax.block_until_ready(fn(*args))
             ts.append(time.perf_counter() - t0)
-        return float(np.median(ts)), out
+        m = fn.memory_analysis()  # XLA's buffers for one run, per device
+        xla_mb = (m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes) / 2**20 if m else None
+        return float(np.median(ts)), out, xla_mb
 
     base = rss_mb()
     fwd = jax.jit(forward)
-    forward_s, (_, maxd) = timed(fwd, cosmo, noise)
+    forward_s, (_, maxd), _ = timed(fwd, cosmo, noise)
     fwd_rss = rss_mb()
     if float(np.max(np.asarray(maxd))) >= cfg["halo"]:
         raise RuntimeError(f"particles moved {float(np.max(np.asarray(maxd))):.1f} cells, more than the halo "
                            f"({cfg['halo']}): the run is invalid, raise --halo")
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-    grad_s, (val, (gc, gs)) = timed(grad, cosmo, noise, weights)
+    grad_s, (val, (gc, gs)), grad_xla_mb = timed(grad, cosmo, noise, weights)
     grad_rss = rss_mb()
     if not (np.isfinite(float(val)) and np.all(np.isfinite(np.asarray(gs)))):
         raise RuntimeError("non-finite value or gradient")
@@ -101,7 +104,7 @@ def worker(cfg: dict) -> dict:
         k = plan.rfft(x)
         return [plan.irfft(k * (i + 1.0)) for i in range(3)]
 
-    fft_floor_s, _ = timed(jax.jit(floor), x)
+    fft_floor_s, _, _ = timed(jax.jit(floor), x)
     step_s = forward_s / cfg["steps"]
     return {
         **{k: cfg[k] for k in ("mesh", "dtype", "backend", "halo", "trim")},
@@ -112,6 +115,7 @@ def worker(cfg: dict) -> dict:
         "forward_s": forward_s,
         "grad_s": grad_s,
         "peak_rss_mb": grad_rss,
+        "grad_xla_buffers_mb_per_device": grad_xla_mb,
         "forward_peak_rss_mb": fwd_rss,
         "baseline_rss_mb": base,
         "fft_floor_s": fft_floor_s,
