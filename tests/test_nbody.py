@@ -174,9 +174,9 @@ def test_pm_growth_large_scales_64():
     """The forward-model issue's growth target: 1 within 2% for k < 0.03 h/Mpc."""
     ratios = _growth_ratios(range(4), 0.25)
     # Same realisation, so the Gaussian cosmic variance cancels, but not the nonlinear terms:
-    # a single seed's <delta_1 delta_2>-type cross terms scatter each bin by ~1-2% (measured
-    # 0.969-1.012 over 4 seeds). The mean over 4 seeds is held to the 2% target; a single
-    # seed to 4%.
+    # a single seed's <delta_1 delta_2>-type cross terms scatter each bin by ~1-3% (measured
+    # 0.978-1.030 over 4 seeds; means 1.001 1.003 0.994 1.005). The mean over 4 seeds is held
+    # to the 2% target; a single seed to 4%.
     mean = ratios.mean(axis=0)
     assert np.all(np.abs(mean - 1) < 0.02), ratios
     assert np.all(np.abs(ratios - 1) < 0.04), ratios
@@ -192,10 +192,13 @@ def test_force_correction_kernel():
     kern = np.broadcast_to(np.asarray(force_correction_kernel(plan, grid.box, 0.25)), plan.kshape)
     kx, ky, kz = (np.broadcast_to(np.asarray(k), plan.kshape) for k in plan.kvec(grid.box))
     h = grid.cell
-    np.testing.assert_allclose(kern, 1 + 0.25 * ((kx * h[0]) ** 2 + (ky * h[1]) ** 2 + (kz * h[2]) ** 2), rtol=1e-6)
+    s = (kx * h[0]) ** 2 + (ky * h[1]) ** 2 + (kz * h[2]) ** 2
+    np.testing.assert_allclose(kern, 1 + 0.25 * s / (1 + s**2), rtol=1e-6)
     assert kern[0, 0, 0] == 1.0
-    # the largest factor is at the Nyquist corner: 1 + 3 pi^2 / 4
-    assert np.isclose(kern.max(), 1 + 0.75 * np.pi**2, rtol=1e-5)
+    # leading order (k h)^2 / 4 at small k h; bounded by 1 + 1/8 everywhere (the taper)
+    small = s < 0.05
+    np.testing.assert_allclose(kern[small], 1 + 0.25 * s[small], rtol=3e-3)
+    assert kern.max() <= 1.125 + 1e-6
     with pytest.raises(ValueError, match="force_correction must be a finite number >= 0"):
         Grid((8, 8, 8), (100.0,) * 3, make_mesh((1, 1)), force_correction=-0.1)
 
