@@ -43,7 +43,7 @@ from fli.cosmology import Cosmology
 from fli.fft import force_correction_kernel, gradient_kernel, inv_laplace_kernel
 from fli.grid import Grid
 from fli.lpt import linear_modes, lpt
-from fli.painting import cic_paint, cic_read
+from fli.painting import cic_paint, cic_read, cic_stencil
 
 # hook(density, disp, a, step) -> pytree of per-step observables (e.g. a lens plane)
 Hook = Callable[[Array, Array, Array, Array], Any]
@@ -117,13 +117,14 @@ def pm_force(cosmo: Cosmology, disp: Array, grid: Grid) -> tuple[Array, Array]:
     plan = grid.fft
     cell = jnp.asarray(grid.cell, disp.dtype)
     cells = disp / cell
-    rho = cic_paint(cells, grid.mesh, grid.halo)
+    st = cic_stencil(cells, grid.mesh, grid.halo)  # shared by the paint, the read and their adjoints
+    rho = cic_paint(cells, grid.mesh, grid.halo, stencil=st)
     kernel = inv_laplace_kernel(plan, grid.box, dtype=grid.dtype)
     if grid.force_correction:
         kernel = kernel * force_correction_kernel(plan, grid.box, grid.force_correction, dtype=grid.dtype)
     pot_k = plan.rfft(rho) * (1.5 * cosmo.Omega_m * kernel)
     comps = jnp.stack([plan.irfft(-gradient_kernel(plan, grid.box, i, dtype=grid.dtype) * pot_k) for i in range(3)])
-    force = cic_read(comps, cells, grid.mesh, grid.halo)
+    force = cic_read(comps, cells, grid.mesh, grid.halo, stencil=st)
     return force.astype(disp.dtype), rho
 
 

@@ -17,6 +17,7 @@ from fli.painting import (  # noqa: E402
     check_halo,
     cic_paint,
     cic_read,
+    cic_stencil,
     max_displacement,
     required_halo,
 )
@@ -261,6 +262,50 @@ def test_gradients_agree_between_exchanges_float32():
     g = [np.asarray(jax.jit(jax.grad(loss), static_argnums=1)(d, ex)) for ex in EXCHANGES]
     # float32, same arithmetic in a different order: 1e-5 of the largest component
     np.testing.assert_allclose(g[0], g[1], rtol=0, atol=1e-5 * np.abs(g[0]).max())
+
+
+@pytest.mark.parametrize("exchange", EXCHANGES)
+def test_shared_stencil_gives_the_same_fields_and_gradients(exchange):
+    """cic_stencil computed once and passed to the paint and the read (as the PM force does)
+    changes neither the values nor the gradients, the chunked read adjoint included."""
+    mesh = _mesh((2, 2))
+    shape = (16, 8, 12)
+    rng = np.random.default_rng(7)
+    d = _put(_disp(rng, shape, HALO), mesh)
+    f3 = _put(rng.normal(size=(3,) + shape).astype(np.float32), mesh, P(None, "x", "y"))
+
+    def loss(d, shared):
+        st = cic_stencil(d, mesh, HALO) if shared else None
+        rho = cic_paint(d, mesh, HALO, exchange=exchange, stencil=st)
+        force = cic_read(f3 * rho, d, mesh, HALO, exchange=exchange, stencil=st)
+        return jnp.sum(rho**2) + jnp.sum(force * d), force
+
+    (v0, f0), g0 = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)(d, False)
+    (v1, f1), g1 = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)(d, True)
+    np.testing.assert_array_equal(np.asarray(f1), np.asarray(f0))  # same arithmetic, same order
+    np.testing.assert_allclose(float(v1), float(v0), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(g1), np.asarray(g0), rtol=0, atol=1e-5 * np.abs(np.asarray(g0)).max())
+
+
+def test_read_adjoint_slabs_match_one_slab(monkeypatch):
+    """The read's adjoint loops over slabs of particles: with slabs of one row it must give
+    what one slab gives."""
+    mesh = _mesh((1, 2))
+    shape = (16, 8, 12)
+    rng = np.random.default_rng(8)
+    d = _put(_disp(rng, shape, HALO), mesh)
+    f3 = _put(rng.normal(size=(3,) + shape).astype(np.float32), mesh, P(None, "x", "y"))
+
+    def grads():
+        jax.clear_caches()
+        return jax.jit(jax.grad(lambda f, d: jnp.sum(cic_read(f, d, mesh, HALO) ** 2), argnums=(0, 1)))(f3, d)
+
+    monkeypatch.setattr(painting, "CHUNK_PARTICLES", 10**9)
+    one = grads()
+    monkeypatch.setattr(painting, "CHUNK_PARTICLES", 1)  # one row per slab
+    many = grads()
+    for a, b in zip(one, many, strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-6 * np.abs(np.asarray(a)).max())
 
 
 # --------------------------------------------------------------------------- halo checks
