@@ -273,8 +273,7 @@ def _deposit(disp: Array, weight: Array | None, st: Stencil, size: int) -> Array
     """CIC deposit of the local particles into the flat padded block of ``size`` cells, ONE
     scatter-add."""
     w = st.w if weight is None else st.w * weight.astype(st.w.dtype)[..., None]
-    out = _zeros((size,), w.dtype, w)
-    return out.at[st.idx.reshape(-1)].add(w.reshape(-1), mode="promise_in_bounds")
+    return jnp.zeros((size,), w.dtype).at[st.idx.reshape(-1)].add(w.reshape(-1), mode="promise_in_bounds")
 
 
 def _deposit_fwd(disp, weight, st, size):

@@ -100,8 +100,6 @@ def main(argv=None) -> int:
     axr.set_ylabel("PM / halofit")
     axr.set_xlabel(r"$k$ [$h$/Mpc]  (Nyquist %.2f)" % k_nyq)
     fig.savefig(args.out, dpi=110)
-    if os.environ.get("PK_DUMP"):
-        np.savez(os.environ["PK_DUMP"], k=k, hf=p_hf, **{f"c{c}": spectra[c] for c in spectra})
     print(json.dumps(res))
     return 0
 
