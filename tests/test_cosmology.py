@@ -19,6 +19,8 @@ from scipy.integrate import solve_ivp
 
 from fli import cosmology as fc
 
+from .conftest import ccl_cosmology
+
 pyccl = pytest.importorskip("pyccl")
 
 COSMOS = {
@@ -65,10 +67,7 @@ def x64():
         yield
 
 
-def ccl(c):
-    return pyccl.Cosmology(Omega_c=c.Omega_c, Omega_b=c.Omega_b, h=c.h, n_s=c.n_s,
-                           sigma8=c.sigma8, w0=c.w0, wa=c.wa, Omega_g=0.0, Neff=0.0, m_nu=0.0,
-                           transfer_function="eisenstein_hu", matter_power_spectrum="linear")
+ccl = ccl_cosmology
 
 
 def relerr(x, ref):

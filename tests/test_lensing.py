@@ -22,7 +22,7 @@ from fli.cosmology import comoving_distance, planck18
 from fli.grid import Grid
 from fli.sharding import make_mesh
 
-from .conftest import LAYOUTS
+from .conftest import LAYOUTS, ccl_cosmology
 
 COSMO = planck18()
 SHAPE, BOX = (16, 16, 32), (1000.0, 1000.0, 4000.0)
@@ -173,9 +173,7 @@ def test_limber_cl_matches_ccl(theory):
     pyccl = pytest.importorskip("pyccl")
     cl = theory[0]
     c = host_cosmo()
-    cc = pyccl.Cosmology(Omega_c=c.Omega_c, Omega_b=c.Omega_b, h=c.h, n_s=c.n_s, sigma8=c.sigma8,
-                         Omega_g=0.0, Neff=0.0, m_nu=0.0, transfer_function="eisenstein_hu",
-                         matter_power_spectrum="linear")
+    cc = ccl_cosmology(c)
     tr = [pyccl.WeakLensingTracer(cc, dndz=(np.asarray(b.z), np.asarray(b.nz))) for b in BINS]
     ell = ELL
     fac = (ell + 2) * (ell + 1) * ell * (ell - 1) / (ell + 0.5) ** 4

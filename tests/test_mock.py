@@ -13,6 +13,7 @@ from fli.cli.mock import main, make_mock
 from fli.io import COMPLETE, MockError, load_mock, write_arrays
 from fli.sharding import make_mesh, process_allgather
 
+from .conftest import ccl_cosmology
 from .test_multiprocess import ROOT, free_port, launch
 
 TINY = ["experiment=tiny"]
@@ -174,9 +175,7 @@ def test_noiseless_mock_cl_matches_limber_over_seeds():
     # the plane-sum Limber of halofit (pyccl: P_nl / P_lin on the planes) times the mesh window
     import pyccl
 
-    cc = pyccl.Cosmology(Omega_c=cosmo.Omega_c, Omega_b=cosmo.Omega_b, h=cosmo.h, n_s=cosmo.n_s,
-                         sigma8=cosmo.sigma8, transfer_function="eisenstein_hu", Omega_g=0, Neff=0, m_nu=0,
-                         matter_power_spectrum="halofit")
+    cc = ccl_cosmology(cosmo, "halofit")
     kp = np.asarray(ell)[:, None] / geom.plane_r[None, :] * cosmo.h  # [n_ell, n_planes] in 1/Mpc
     boost = np.stack([pyccl.nonlin_matter_power(cc, kp[:, i], a) / pyccl.linear_matter_power(cc, kp[:, i], a)
                       for i, a in enumerate(geom.plane_a)], axis=1)
