@@ -1,0 +1,512 @@
+"""Checkpoints of resumable inference (``fli-map``, ``fli-nuts``): sharded pytrees with orbax.
+
+Public API (every function is called by every process of a ``jax.distributed`` run):
+
+* :func:`save_checkpoint` ``(ckpt_dir, step, state, meta, keep=2) -> Path`` writes ``state``
+  (a pytree of jax Arrays, numpy arrays, Python scalars, typed PRNG keys) and the JSON ``meta``
+  into ``ckpt_dir/<step>``, then keeps only the newest ``keep`` complete checkpoints;
+* :func:`latest_step` ``(ckpt_dir) -> int | None`` and :func:`all_steps` ``(ckpt_dir) -> list``
+  name the complete checkpoints;
+* :func:`restore_checkpoint` ``(ckpt_dir, step | None, target) -> (state, meta)`` reads one back onto
+  the shardings of ``target``, which may be another device layout than the one saved;
+* :func:`read_meta` ``(ckpt_dir, step=None) -> dict`` reads only ``meta`` (e.g. the saved
+  config, to pass to :func:`check_resumable` before a target is built);
+  :func:`step_path` ``(ckpt_dir, step) -> Path`` is ``ckpt_dir/<step>``;
+* :func:`check_resumable` ``(saved, current, may_change=(), *, where=None)`` refuses to resume a run whose
+  resolved config changed outside the keys that may change between runs.
+
+Layout of ``ckpt_dir`` (orbax 0.12.8, synchronous ``Checkpointer`` over a
+``CompositeCheckpointHandler``; POSIX file systems commit by an atomic rename)::
+
+    ckpt_dir/
+      12/                          complete: the only kind that latest_step and restore accept
+        commit_success.txt         orbax's commit marker (written before the rename)
+        _CHECKPOINT_METADATA       orbax's step metadata (timestamps)
+        meta/metadata              JSON: {"fli_checkpoint": 1, "step", "meta", "leaves": [...]}
+        state/                     OCDBT + tensorstore: one ``ocdbt.process_<i>`` per process,
+                                   each process writing the shards it holds (one replica each)
+      16.orbax-checkpoint-tmp/     a save in progress or one that was killed: never "complete"
+
+A checkpoint is complete when its directory is named by the step alone and holds both
+``commit_success.txt`` and ``meta/metadata``; on a file system without atomic rename (orbax's
+commit-file mode) the marker alone tells. Stale temporary directories are removed at the next
+save. Old checkpoints are renamed ``<step>.fli-deleting`` before they are removed, so an
+interrupted prune never leaves a half-deleted step that looks complete.
+
+The state is stored as a flat list of leaves (``jax.tree_util`` order) and rebuilt with the
+target's tree structure, so any pytree round-trips: dicts, Optax states (NamedTuples such as
+``ScaleByAdamState``, ``ScaleByScheduleState``, ``ScaleByLBFGSState``, ``EmptyState``), NumPyro's
+``HMCState`` (``None`` fields included), registered dataclasses. The leaf paths
+(``jax.tree_util.keystr``), shapes and dtypes are recorded and must match the target: values
+come back bitwise, never cast or padded.
+
+PRNG keys: a typed key array (``jax.random.key``) is stored as ``jax.random.key_data``
+(``uint32 [..., 2]`` for threefry) with its implementation name, and rebuilt with
+``jax.random.wrap_key_data``; give a typed key (or a ``ShapeDtypeStruct`` of key dtype) in the
+target. Raw ``uint32`` keys (``jax.random.PRNGKey``, NumPyro's) are plain arrays.
+
+Multi-process: orbax writes each process's shards and puts barriers around the commit; process
+0 alone writes the JSON, removes stale temporaries and prunes, then all processes meet at a
+barrier. :func:`latest_step` broadcasts process 0's answer, so that every process resumes the
+same step even where a network file system shows them directories late. ``ckpt_dir`` must be
+the same shared directory on every process.
+
+Orbax's absl log lines and Python warnings are silenced below ERROR while it runs (only then,
+not at import); this module logs what it does through :func:`fli.sharding.get_logger`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import re
+import shutil
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fli.config import ConfigError
+from fli.io import _barrier, _jsonable
+from fli.sharding import get_logger
+
+FORMAT_VERSION = 1
+STATE_ITEM = "state"
+META_ITEM = "meta"
+META_FILE = "metadata"  # orbax JsonCheckpointHandler's default file name, inside META_ITEM
+COMMIT_FILE = "commit_success.txt"  # orbax's commit marker (atomicity.COMMIT_SUCCESS_FILE)
+TMP_MARK = ".orbax-checkpoint-tmp"  # orbax's temporary-directory suffix
+DELETING = ".fli-deleting"
+
+_STEP_NAME = re.compile(r"^\d+$")
+_log = get_logger("fli.checkpoint")
+
+
+class CheckpointError(FileNotFoundError):
+    """No complete, readable checkpoint where one was asked for; the message names the path."""
+
+
+class CheckpointMismatch(ConfigError):
+    """A checkpoint does not fit the target it is restored into (tree, shape or dtype)."""
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def _is_complete(path: Path) -> bool:
+    return (_STEP_NAME.match(path.name) is not None and path.is_dir()
+            and (path / COMMIT_FILE).is_file() and (path / META_ITEM / META_FILE).is_file())
+
+
+def _local_steps(ckpt_dir: Path) -> list[int]:
+    if not ckpt_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in ckpt_dir.iterdir() if _is_complete(p))
+
+
+def all_steps(ckpt_dir: str | Path) -> list[int]:
+    """The steps of the complete checkpoints in ``ckpt_dir``, oldest first (as this process sees
+    them); ``[]`` when there is none or no such directory."""
+    return _local_steps(Path(ckpt_dir))
+
+
+def latest_step(ckpt_dir: str | Path) -> int | None:
+    """The newest complete checkpoint's step in ``ckpt_dir``, or None.
+
+    Temporary (``*.orbax-checkpoint-tmp``) and uncommitted directories are ignored. With several
+    processes, process 0 lists the directory and every process gets its answer (a collective:
+    call it on every process).
+    """
+    steps = _local_steps(Path(ckpt_dir))
+    if jax.process_count() == 1:
+        return steps[-1] if steps else None
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+
+    mine = np.int32(steps[-1] if steps else -1)
+    step = int(multihost_utils.broadcast_one_to_all(mine))
+    return None if step < 0 else step
+
+
+def step_path(ckpt_dir: str | Path, step: int) -> Path:
+    """``ckpt_dir/<step>``: where checkpoint ``step`` lives once complete."""
+    return Path(ckpt_dir) / str(int(step))
+
+
+# --------------------------------------------------------------------------- orbax plumbing
+
+
+# Orbax logs ~40 absl INFO lines per save (on every process), which reach the root logger of
+# an application logging at INFO; asyncio adds a DEBUG line per event loop orbax starts.
+_QUIET = {"absl": logging.ERROR, "asyncio": logging.WARNING}
+
+
+@contextlib.contextmanager
+def _quiet_orbax() -> Iterator[None]:
+    """Orbax's absl logging at ERROR and its Python warnings off, for the duration of a call."""
+    loggers = {name: logging.getLogger(name) for name in _QUIET}
+    levels = {name: lg.level for name, lg in loggers.items()}
+    for name, lg in loggers.items():
+        lg.setLevel(max(levels[name], _QUIET[name]))
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"orbax\..*")
+            warnings.filterwarnings("ignore", message=r".*[Oo]rbax.*")
+            yield
+    finally:
+        for name, lg in loggers.items():
+            lg.setLevel(levels[name])
+
+
+def _checkpointer():
+    import orbax.checkpoint as ocp  # noqa: PLC0415 - heavy import, only when checkpointing
+
+    return ocp, ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+
+
+def _is_key(x) -> bool:
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _leaf_record(path: str, leaf) -> tuple[dict, Any]:
+    """(JSON description, value to hand to orbax) of one state leaf."""
+    if isinstance(leaf, jax.Array):
+        rec = {"kind": "jax"}
+        if _is_key(leaf):
+            rec = {"kind": "key", "impl": str(jax.random.key_impl(leaf))}
+            leaf = jax.random.key_data(leaf)
+        rec |= {"shape": list(leaf.shape), "dtype": str(leaf.dtype)}
+        if jax.process_count() > 1 and leaf.is_fully_addressable:
+            # orbax refuses process-local arrays in a multi-process save: process 0's copy.
+            return rec, np.asarray(leaf)
+        return rec, leaf
+    if isinstance(leaf, (np.ndarray, np.generic)):
+        arr = np.asarray(leaf)
+        return {"kind": "numpy", "shape": list(arr.shape), "dtype": str(arr.dtype)}, arr
+    if isinstance(leaf, (bool, int, float)):
+        arr = np.asarray(leaf)
+        return {"kind": type(leaf).__name__, "shape": [], "dtype": str(arr.dtype)}, leaf
+    raise TypeError(f"checkpoint state leaf {path or '<root>'} is a {type(leaf).__name__}: "
+                    "leaves must be jax Arrays, numpy arrays, bool, int or float")
+
+
+def _names(n: int) -> list[str]:
+    return [f"{i:06d}" for i in range(n)]
+
+
+# --------------------------------------------------------------------------- save
+
+
+def save_checkpoint(ckpt_dir: str | Path, step: int, state: Any, meta: dict, keep: int = 2) -> Path:
+    """Save ``state`` and ``meta`` as checkpoint ``step`` in ``ckpt_dir``; keep the newest ``keep``.
+
+    Args:
+        ckpt_dir: directory of the checkpoints (shared by all processes); created if missing.
+        step: the step number (>= 0), the name of the checkpoint's directory. Saving a step that
+            exists replaces it; checkpoints of later steps are deleted (a run resumed from an
+            earlier step abandons them), so that afterwards ``latest_step(ckpt_dir) == step``.
+        state: a pytree of jax Arrays (any sharding, e.g. fields ``P('x', 'y')`` or replicated
+            scalars; typed PRNG keys too), numpy arrays and Python scalars. Each process writes
+            the shards it holds; the save is synchronous (done when this returns).
+        meta: JSON-able dict (the resolved config, pdims, wall time, ...); numpy values become
+            lists, other objects their ``str``.
+        keep: how many complete checkpoints to keep, this one included (>= 1); older ones are
+            deleted after this one is committed.
+    Returns:
+        ``ckpt_dir/<step>``.
+    """
+    step, keep = _check_int("step", step, 0), _check_int("keep", keep, 1)
+    ckpt_dir = Path(ckpt_dir)
+    flat, _ = jax.tree_util.tree_flatten_with_path(state)
+    records, values = [], {}
+    for name, (kp, leaf) in zip(_names(len(flat)), flat):
+        path = jax.tree_util.keystr(kp)
+        rec, value = _leaf_record(path, leaf)
+        records.append({"path": path} | rec)
+        values[name] = value
+    sidecar = {"fli_checkpoint": FORMAT_VERSION, "step": step, "process_count": jax.process_count(),
+               "meta": _jsonable(dict(meta)), "leaves": records}
+    final = step_path(ckpt_dir, step)
+
+    if jax.process_index() == 0:
+        _remove_stale(ckpt_dir)
+    _barrier("fli-ckpt-clean")
+    with _quiet_orbax():
+        ocp, ckptr = _checkpointer()
+        items = {META_ITEM: ocp.args.JsonSave(sidecar)}
+        if values:  # orbax refuses an empty item
+            items[STATE_ITEM] = ocp.args.StandardSave(values)
+        with ckptr:
+            ckptr.save(final, args=ocp.args.Composite(**items), force=True)
+    if jax.process_index() == 0:
+        _prune(ckpt_dir, step, keep)
+        _log.info("checkpoint %d saved in %s (%d leaves)", step, final, len(records))
+    _barrier("fli-ckpt-saved")
+    return final
+
+
+def _check_int(key: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{key} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def _remove_stale(ckpt_dir: Path) -> None:
+    """Remove what killed saves and prunes left behind (process 0, before a save)."""
+    if not ckpt_dir.is_dir():
+        return
+    for p in ckpt_dir.iterdir():
+        if TMP_MARK in p.name or p.name.endswith(DELETING):
+            _log.info("removing %s left by an interrupted save or prune", p)
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _prune(ckpt_dir: Path, step: int, keep: int) -> None:
+    """Delete the steps after ``step`` and all but the newest ``keep`` up to it."""
+    steps = _local_steps(ckpt_dir)
+    older = [s for s in steps if s <= step]
+    for old in [s for s in steps if s > step] + older[:-keep]:
+        src = step_path(ckpt_dir, old)
+        trash = src.with_name(src.name + DELETING)
+        src.rename(trash)  # atomic: a step is either complete or gone
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- restore
+
+
+def read_meta(ckpt_dir: str | Path, step: int | None = None) -> dict:
+    """The ``meta`` dict saved with checkpoint ``step`` (None: the latest); no arrays are read.
+
+    Raises:
+        CheckpointError: no such complete checkpoint, or its JSON is unreadable.
+    """
+    return _read_sidecar(_resolve(ckpt_dir, step)[0])["meta"]
+
+
+def _resolve(ckpt_dir: str | Path, step: int | None) -> tuple[Path, int]:
+    ckpt_dir = Path(ckpt_dir)
+    if step is None:
+        step = latest_step(ckpt_dir)
+        if step is None:
+            raise CheckpointError(f"no complete checkpoint in {ckpt_dir}: nothing to resume from")
+    path = step_path(ckpt_dir, step)
+    if not _is_complete(path):
+        tmp = path.with_name(path.name + TMP_MARK)
+        state = ("incomplete (no commit marker: its save was interrupted)" if path.is_dir() else
+                 f"incomplete (its save was interrupted and left {tmp.name})" if tmp.exists() else "missing")
+        raise CheckpointError(f"checkpoint {path} is {state}; complete steps in {ckpt_dir}: "
+                              f"{_local_steps(ckpt_dir)}")
+    return path, int(step)
+
+
+def _read_sidecar(path: Path) -> dict:
+    file = path / META_ITEM / META_FILE
+    try:
+        sidecar = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path} is corrupt: {file.name} unreadable "
+                              f"({type(e).__name__}: {_one_line(e)})") from None
+    if not isinstance(sidecar, dict) or sidecar.get("fli_checkpoint") != FORMAT_VERSION:
+        got = sidecar.get("fli_checkpoint") if isinstance(sidecar, dict) else None
+        raise CheckpointError(f"checkpoint {path} has format {got!r}, expected {FORMAT_VERSION}")
+    return sidecar
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
+def restore_checkpoint(ckpt_dir: str | Path, step: int | None, target: Any) -> tuple[Any, dict]:
+    """Read checkpoint ``step`` (None: the latest complete one) onto the layout of ``target``.
+
+    Args:
+        ckpt_dir: directory given to :func:`save_checkpoint`.
+        step: the step to read; None for :func:`latest_step`.
+        target: a pytree of the saved structure whose leaves give each leaf's wanted form:
+            a jax Array (its sharding is used), a ``jax.ShapeDtypeStruct`` with a ``sharding``
+            (without one: an array on the default device), a numpy array (read as numpy) or a
+            Python scalar (read as that type). The sharding may be another mesh than the one
+            saved, e.g. saved on pdims (2, 4), read on (1, 1); each process reads its blocks.
+    Returns:
+        ``(state, meta)``: ``state`` with the target's tree structure, values bitwise as saved
+        (weak types are not kept: restored arrays are strongly typed), and the saved ``meta``.
+    Raises:
+        CheckpointError: the checkpoint is missing, incomplete or unreadable.
+        CheckpointMismatch: its tree paths, shapes, dtypes or key kinds differ from ``target``.
+    """
+    path, step = _resolve(ckpt_dir, step)
+    sidecar = _read_sidecar(path)
+    records = sidecar["leaves"]
+    flat, treedef = jax.tree_util.tree_flatten_with_path(target)
+    if len(flat) != len(records):
+        raise CheckpointMismatch(f"checkpoint {path} holds {len(records)} leaves, the target has "
+                                 f"{len(flat)}: {_first_path_difference(records, flat)}")
+    wanted, names = {}, _names(len(flat))
+    for name, rec, (kp, leaf) in zip(names, records, flat):
+        wanted[name] = _restore_spec(path, rec, jax.tree_util.keystr(kp), leaf)
+    got = {}
+    try:
+        with _quiet_orbax():
+            ocp, ckptr = _checkpointer()
+            with ckptr:
+                if wanted:
+                    got = ckptr.restore(path, args=ocp.args.Composite(
+                        **{STATE_ITEM: ocp.args.StandardRestore(wanted)}))[STATE_ITEM]
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint {path} is unreadable: {type(e).__name__}: {_one_line(e)}") from None
+    leaves = [_finish(rec, got[name], leaf) for name, rec, (_, leaf) in zip(names, records, flat)]
+    _log.info("checkpoint %d restored from %s", step, path)
+    return jax.tree_util.tree_unflatten(treedef, leaves), sidecar["meta"]
+
+
+def _first_path_difference(records: list[dict], flat: list) -> str:
+    saved = [r["path"] for r in records]
+    mine = [jax.tree_util.keystr(kp) for kp, _ in flat]
+    for i in range(max(len(saved), len(mine))):
+        a = saved[i] if i < len(saved) else None
+        b = mine[i] if i < len(mine) else None
+        if a != b:
+            return f"leaf {i} is {a or '(none)'} in the checkpoint, {b or '(none)'} in the target"
+    return "same paths"
+
+
+def _restore_spec(path: Path, rec: dict, kp: str, leaf):
+    """What orbax is asked to read for one leaf, after checking it against the saved record."""
+    where = f"checkpoint {path} leaf {kp or '<root>'}"
+    if rec["path"] != kp:
+        raise CheckpointMismatch(f"{where}: saved as {rec['path'] or '<root>'}; the target's tree "
+                                 "differs from the saved one")
+    is_key = _is_key(leaf)
+    if is_key != (rec["kind"] == "key"):
+        raise CheckpointMismatch(f"{where}: saved as {'a PRNG key' if rec['kind'] == 'key' else rec['dtype']}, "
+                                 f"target is {'a PRNG key' if is_key else getattr(leaf, 'dtype', type(leaf).__name__)}")
+    if isinstance(leaf, (bool, int, float)) and not isinstance(leaf, np.generic):
+        shape, dtype = (), np.asarray(leaf).dtype
+    elif is_key:
+        impl = str(jax.random.key_impl(leaf)) if isinstance(leaf, jax.Array) else None
+        if impl is not None and impl != rec["impl"]:
+            raise CheckpointMismatch(f"{where}: saved a {rec['impl']} key, target is {impl}")
+        key_shape = rec["shape"][len(leaf.shape):]
+        shape, dtype = (*leaf.shape, *key_shape), np.dtype(rec["dtype"])
+    else:
+        shape, dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
+    if list(shape) != list(rec["shape"]) or str(dtype) != rec["dtype"]:
+        raise CheckpointMismatch(f"{where}: saved {rec['dtype']}{list(rec['shape'])}, target is "
+                                 f"{dtype}{list(shape)}")
+    if isinstance(leaf, (bool, int, float)) and not isinstance(leaf, np.generic):
+        return leaf
+    if isinstance(leaf, (np.ndarray, np.generic)):
+        return np.asarray(leaf)
+    if _placement(leaf) is not None:
+        return np.empty(shape, dtype)
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=leaf.sharding)
+
+
+def _placement(leaf) -> str | None:
+    """How an array leaf not read by orbax onto its sharding is placed after a read as numpy:
+
+    * ``"default"``: an uncommitted array on the default device, as ``jnp.asarray`` makes, for a
+      target without a sharding or an uncommitted target (e.g. Optax's ``count``: read onto its
+      device it would be committed there, and jit refuses to mix it with mesh arrays);
+    * ``"put"``: ``jax.device_put`` onto the target's sharding, for a sharding on this process's
+      devices only when there are several processes (orbax refuses those).
+    """
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is None or (isinstance(leaf, jax.Array) and not leaf.committed):
+        return "default"
+    if jax.process_count() > 1 and sharding.is_fully_addressable:
+        return "put"
+    return None
+
+
+def _finish(rec: dict, value, leaf):
+    """The restored leaf in the target's form, from what orbax read for it."""
+    how = _placement(leaf) if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) else None
+    if how == "default":
+        value = jnp.asarray(value)
+    elif how == "put":
+        value = jax.device_put(value, leaf.sharding)
+    if rec["kind"] == "key":
+        return jax.random.wrap_key_data(value, impl=rec["impl"])
+    if isinstance(leaf, np.generic):
+        return leaf.dtype.type(np.asarray(value))
+    if isinstance(leaf, (bool, int, float)):
+        return type(leaf)(np.asarray(value).item())
+    if isinstance(leaf, np.ndarray):
+        return np.asarray(value)
+    return value
+
+
+# --------------------------------------------------------------------------- config check
+
+_ABSENT = object()
+
+
+def check_resumable(saved: dict, current: dict, may_change: Sequence[str] = (), *,
+                    where: str | None = None) -> None:
+    """Refuse to resume when the resolved config changed outside ``may_change``.
+
+    Args:
+        saved: the resolved config stored in the checkpoint's meta (nested plain dicts/lists).
+        current: this run's resolved config (``OmegaConf.to_container(cfg, resolve=True)``).
+        may_change: dotted key prefixes that may differ, e.g. ``("inference.map_steps",
+            "run_dir", "progress", "distributed")``; a prefix covers its sub-keys.
+        where: how the message names the checkpoint; default ``run_dir <current run_dir>``.
+    Raises:
+        ConfigError: naming the first differing dotted key (in the saved config's order, then
+            keys new in ``current``) and both values; added and removed keys count.
+    """
+    a, b = _jsonable(saved), _jsonable(current)
+    if where is None:
+        where = f"run_dir {current['run_dir']}" if "run_dir" in current else "the checkpoint"
+    for key, x, y in _differences(a, b, ""):
+        if any(_under(key, p) for p in may_change):
+            continue
+        if x is _ABSENT:
+            what = f"was made without {key}; this run has {key} = {_show(y)}"
+        elif y is _ABSENT:
+            what = f"was made with {key} = {_show(x)}; this run has no {key}"
+        else:
+            what = f"was made with {key} = {_show(x)}; this run has {_show(y)}"
+        raise ConfigError(f"{where} {what}: use another run_dir or the same config")
+
+
+def _under(key: str, prefix: str) -> bool:
+    return key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "[")
+
+
+def _differences(a, b, key: str) -> Iterator[tuple[str, Any, Any]]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in [*a, *(k for k in b if k not in a)]:
+            sub = f"{key}.{k}" if key else str(k)
+            yield from _differences(a.get(k, _ABSENT), b.get(k, _ABSENT), sub)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            yield from _differences(x, y, f"{key}[{i}]")
+    elif not _same(a, b):
+        yield key, a, b
+
+
+def _same(a, b) -> bool:
+    """Equal config values: numbers by value (1 == 1.0, nan == nan), anything else by type and
+    value (True is not 1, "1" is not 1)."""
+    if _is_number(a) and _is_number(b):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    return type(a) is type(b) and a == b
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _show(x) -> str:
+    text = json.dumps(x)  # strings quoted: "100" and 100 must not read alike
+    return text if len(text) <= 80 else text[:77] + "..."
