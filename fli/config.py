@@ -66,6 +66,7 @@ class SimulationConfig:
     fft_backend: str = "pencil"  # "pencil" | "jaxdecomp"
     adjoint: str = "checkpoint"  # "checkpoint" | "reversible"
     force_correction: float = 0.25  # c in the PM force's 1 + c sum (k_i h_i)^2; 0 = off
+    forward: str = "pm"  # "pm" (2LPT + FastPM) | "linear" (lens planes cut from D(a) delta_L)
 
     def __post_init__(self) -> None:
         _check(len(self.mesh) == 3 and all(isinstance(n, int) and n >= 2 for n in self.mesh),
@@ -85,6 +86,7 @@ class SimulationConfig:
         _check(_finite(self.force_correction) and self.force_correction >= 0, "simulation.force_correction",
                "a finite number >= 0 (0.25 corrects the one-particle-per-cell force; 0 turns it off)",
                self.force_correction)
+        _check(self.forward in ("pm", "linear"), "simulation.forward", "'pm' or 'linear'", self.forward)
 
 
 @dataclass
@@ -95,11 +97,14 @@ class LensingConfig:
     npix: int = 64  # map pixels per side
     n_planes: int = 16  # lens planes, slabs of equal comoving width
     allow_replication: bool = False  # allow fov wider than the box at the farthest plane
+    lightcone: str = "traced"  # "traced": step and plane times follow the cosmology; "fiducial": frozen
 
     def __post_init__(self) -> None:
         _check(_finite(self.fov_deg) and 0 < self.fov_deg < 30, "lensing.fov_deg", "in (0, 30) degrees", self.fov_deg)
         _check(self.npix >= 2, "lensing.npix", ">= 2", self.npix)
         _check(self.n_planes >= 1, "lensing.n_planes", ">= 1", self.n_planes)
+        _check(self.lightcone in ("traced", "fiducial"), "lensing.lightcone", "'traced' or 'fiducial'",
+               self.lightcone)
 
 
 @dataclass
@@ -145,47 +150,98 @@ class SurveyConfig:
 
 @dataclass
 class ParamPrior:
+    """Prior of one cosmological parameter. ``uniform`` on [low, high]; ``normal`` (loc, scale);
+    ``truncated_normal`` (loc, scale) cut to [low, high]."""
+
     dist: str = "uniform"  # "uniform" | "normal" | "truncated_normal"
     low: float = 0.0
     high: float = 1.0
     loc: float = 0.0
     scale: float = 1.0
 
-    def __post_init__(self) -> None:
-        _check(self.dist in ("uniform", "normal", "truncated_normal"), "prior.<param>.dist",
+    def check(self, name: str) -> None:
+        key = f"prior.params.{name}"
+        _check(self.dist in ("uniform", "normal", "truncated_normal"), f"{key}.dist",
                "'uniform', 'normal' or 'truncated_normal'", self.dist)
-        _check(self.low < self.high, "prior.<param>.low/high", "low < high", (self.low, self.high))
-        _check(self.scale > 0, "prior.<param>.scale", "> 0", self.scale)
+        _check(_finite(self.low, self.high, self.loc, self.scale), key, "finite low, high, loc, scale",
+               (self.low, self.high, self.loc, self.scale))
+        if self.dist != "normal":
+            _check(self.low < self.high, f"{key}.low/high", "low < high", (self.low, self.high))
+        if self.dist != "uniform":
+            _check(self.scale > 0, f"{key}.scale", "> 0", self.scale)
+
+
+PARAM_NAMES = ("Omega_c", "Omega_b", "h", "n_s", "sigma8", "w0", "wa")
 
 
 @dataclass
 class PriorConfig:
+    """Sampled cosmological parameters and their priors; the others stay at ``cosmology``."""
+
     sample: list[str] = field(default_factory=lambda: ["Omega_c", "sigma8"])
     params: dict[str, ParamPrior] = field(default_factory=lambda: {
-        "Omega_c": ParamPrior(low=0.1, high=0.5),
-        "sigma8": ParamPrior(low=0.4, high=1.2),
+        "Omega_c": ParamPrior(low=0.15, high=0.45),
+        "sigma8": ParamPrior(low=0.5, high=1.1),
     })
 
     def __post_init__(self) -> None:
-        allowed = ("Omega_c", "Omega_b", "h", "n_s", "sigma8", "w0", "wa")
+        _check(len(set(self.sample)) == len(self.sample), "prior.sample", "names without repeats", self.sample)
         for p in self.sample:
-            _check(p in allowed, "prior.sample", f"names among {allowed}", p)
+            _check(p in PARAM_NAMES, "prior.sample", f"names among {PARAM_NAMES}", p)
             _check(p in self.params, f"prior.params.{p}", "set for every sampled parameter", None)
+            self.params[p].check(p)
+        for p in self.params:
+            _check(p in PARAM_NAMES, f"prior.params.{p}", f"a parameter among {PARAM_NAMES}", p)
+
+
+@dataclass
+class MapConfig:
+    """``fli-map``: maximise the log posterior over (theta, s) with Optax."""
+
+    optimizer: str = "lbfgs"  # "lbfgs" (zoom line search) | "adam"
+    steps: int = 200  # step budget (may be raised to extend a run)
+    lr: float = 0.02  # Adam's peak learning rate (in the standardised latents)
+    schedule: str = "cosine"  # Adam: "constant" | "cosine" | "exponential" decay to lr * lr_final
+    lr_final: float = 0.1
+    lbfgs_memory: int = 10
+    tol: float = 1e-7  # stop when the relative change of the loss stays below tol for `patience` steps
+    patience: int = 5
+    anneal: bool = False  # smooth the kappa residual, large to small scale, before the exact stage
+    anneal_arcmin: list[float] = field(default_factory=lambda: [16.0, 8.0, 4.0, 2.0])
+    anneal_steps: int = 40  # steps per smoothing stage (the final, unsmoothed stage uses the rest)
+    fix_cosmology: bool = False  # field-only MAP at the config's cosmology
+    checkpoint_every: int = 25
+    laplace: bool = True
+    cg_tol: float = 1e-5
+    cg_maxiter: int = 1000
+    compare_truth: Optional[bool] = None  # r(k), T(k), r_ell against a mock's truth; None: when present
+
+    def __post_init__(self) -> None:
+        _check(self.optimizer in ("lbfgs", "adam"), "inference.map.optimizer", "'lbfgs' or 'adam'", self.optimizer)
+        _check(self.schedule in ("constant", "cosine", "exponential"), "inference.map.schedule",
+               "'constant', 'cosine' or 'exponential'", self.schedule)
+        for k in ("steps", "patience", "lbfgs_memory", "anneal_steps", "checkpoint_every", "cg_maxiter"):
+            _check(getattr(self, k) >= 1, f"inference.map.{k}", ">= 1", getattr(self, k))
+        _check(_finite(self.lr) and self.lr > 0, "inference.map.lr", "> 0", self.lr)
+        _check(_finite(self.lr_final) and 0 < self.lr_final <= 1, "inference.map.lr_final", "in (0, 1]",
+               self.lr_final)
+        _check(_finite(self.tol) and self.tol >= 0, "inference.map.tol", ">= 0", self.tol)
+        _check(_finite(self.cg_tol) and 0 < self.cg_tol < 1, "inference.map.cg_tol", "in (0, 1)", self.cg_tol)
+        _check(all(_finite(s) and s > 0 for s in self.anneal_arcmin), "inference.map.anneal_arcmin",
+               "positive smoothing scales [arcmin]", list(self.anneal_arcmin))
 
 
 @dataclass
 class InferenceConfig:
-    map_steps: int = 500
-    map_lr: float = 0.05
+    map: MapConfig = field(default_factory=MapConfig)
     num_warmup: int = 200
     num_samples: int = 200
     max_tree_depth: int = 6
     chunk: int = 50
 
     def __post_init__(self) -> None:
-        for k in ("map_steps", "num_warmup", "num_samples", "max_tree_depth", "chunk"):
+        for k in ("num_warmup", "num_samples", "max_tree_depth", "chunk"):
             _check(getattr(self, k) >= 1, f"inference.{k}", ">= 1", getattr(self, k))
-        _check(self.map_lr > 0, "inference.map_lr", "> 0", self.map_lr)
 
 
 @dataclass

@@ -183,7 +183,8 @@ class LensGeometry:
     # -- construction -------------------------------------------------------------------
     @classmethod
     def create(cls, cosmo: Cosmology, box, shape, n_planes: int, fov_deg: float, npix: int,
-               z_source_max: float, *, pdims=(1, 1), allow_replication: bool = False) -> "LensGeometry":
+               z_source_max: float, *, pdims=(1, 1), allow_replication: bool = False,
+               chi_cover: float | None = None) -> "LensGeometry":
         """Validate plain values and build the geometry (host side; ``cosmo`` concrete).
 
         Raises one-line ``ValueError``s naming the config key: ``lensing.n_planes`` must divide
@@ -191,6 +192,10 @@ class LensGeometry:
         ``lensing.npix`` must divide by ``distributed.pdims``; ``lensing.fov_deg`` times the
         farthest plane distance must fit in ``min(Lx, Ly)`` unless ``allow_replication`` (then a
         :class:`ReplicationWarning` is issued and logged).
+
+        ``chi_cover`` [Mpc/h], if larger than chi(z_max) of ``cosmo``, is the farthest source
+        distance the light cone must reach instead: the largest over the cosmologies a prior
+        allows (:func:`fli.forward.build_forward`), so that one set of planes serves them all.
         """
         box = tuple(float(b) for b in box)
         shape = tuple(int(n) for n in shape)
@@ -207,6 +212,8 @@ class LensGeometry:
         if not (math.isfinite(z_source_max) and z_source_max > 0):
             raise ValueError(f"survey.bins[].z_max (farthest source) must be > 0, got {z_source_max}")
         chi_max = float(_host_chi_of_z(cosmo, z_source_max))
+        if chi_cover is not None:
+            chi_max = max(chi_max, float(chi_cover))
         lz = box[2]
         if lz < chi_max:
             raise ValueError(
