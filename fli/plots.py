@@ -11,6 +11,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+def _plt():
+    """pyplot, with the Agg backend chosen above."""
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    """Write ``fig`` to ``path`` (written aside, then renamed) and close it."""
+    path = Path(path)
+    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    tmp.rename(path)
+    return path
+
+
 def kappa_maps(kappa_true: np.ndarray, kappa_obs: np.ndarray, fov_deg: float, path: Path,
                labels: list[str] | None = None) -> Path:
     """Noiseless and observed convergence per bin, side by side ``[n_bins, npix, npix]``."""

@@ -1,0 +1,274 @@
+"""``fli-map``'s work: the MAP of (theta, s), its Laplace error, its comparison with a truth.
+
+Run directory (every process the same; process 0 writes the small files, each process its
+own blocks of the zarr field):
+
+* ``config.yaml``: the resolved config;
+* ``checkpoints/<step>``: orbax checkpoints of the parameters, the field, the optimiser state,
+  the step and the key (:mod:`fli.infer.checkpoint`); a new start on the same directory
+  resumes from the last complete one, also on another device layout, and refuses a directory
+  made with another model config, naming the key;
+* ``loss_history.csv``: step, loss, gradient norm, evaluations, seconds, stage;
+* ``map_field.zarr``: the MAP white noise ``[nx, ny, nz]`` (read with :func:`fli.io.read_field`);
+* ``metrics.json`` (with a truth): r(k), T(k) and r_ell (:mod:`fli.infer.metrics`);
+* figures: ``loss.png``, ``kappa_maps.png``, ``residuals.png``, and with a truth
+  ``transfer.png``, ``r_ell.png``, ``field_slices.png``;
+* ``map.json``, written last: the MAP parameters, loss, steps, time, gradient evaluations,
+  the marginal and conditional Laplace errors, and what the joint MAP is and is not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import yaml
+
+from fli.config import Config, ConfigError
+from fli.infer import checkpoint as ckpt
+from fli.infer.model import Data, Latents, Posterior, build_posterior, make_data
+from fli.infer.optimize import MapRun, converged, history_array, make_step, run_map
+
+MAP_JSON = "map.json"
+FIELD_NAME = "map_field.zarr"
+# keys that only extend or re-place a run: they may change between a run and its resume
+MAY_CHANGE = ("inference.map.steps", "inference.map.tol", "inference.map.patience",
+              "inference.map.checkpoint_every", "inference.map.laplace", "inference.map.cg_tol",
+              "inference.map.cg_maxiter", "inference.map.compare_truth", "inference.num_warmup",
+              "inference.num_samples", "inference.max_tree_depth", "inference.chunk", "run_dir", "progress",
+              "distributed", "name")
+
+JOINT_MAP_NOTE = (
+    "The joint MAP maximises p(theta, s | d) over the cosmological parameters and the white-noise field "
+    "together. It is not the maximum of the marginal posterior p(theta | d): it leaves out the volume "
+    "(log-determinant) term of the field, and when many modes are data-dominated an amplitude such as sigma8 "
+    "is biased (Seljak et al. 2017; Millea & Seljak 2022). laplace.marginal is the Gaussian width of theta "
+    "with the field marginalised around this point; it is not a posterior error bar where the joint-MAP bias "
+    "exceeds it (docs/benchmarks.md measures that bias). Use fli-nuts for the posterior.")
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Atomic (write aside, rename) on process 0."""
+    if jax.process_index() == 0:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.rename(path)
+
+
+def prepare(cfg: Config, log: logging.Logger):
+    """Read and check the observation, build the posterior and place the data (no writes)."""
+    from fli.io import check_observation, load_observation  # noqa: PLC0415
+    from fli.sharding import make_mesh  # noqa: PLC0415
+
+    if cfg.mock is None:
+        raise ConfigError("mock is not set: give the observation, mock=<run dir of fli-mock or an observation dir>")
+    mesh = make_mesh(cfg.distributed.pdims)
+    obs = load_observation(cfg.mock, mesh)
+    check_observation(obs, cfg)
+    want = cfg.inference.map.compare_truth
+    if want and not obs.has_truth:
+        raise ConfigError(f"inference.map.compare_truth is true but {obs.path} has no truth (kappa_true, "
+                          f"white_noise): r(k) and r_ell need a mock; set inference.map.compare_truth=null")
+    post = build_posterior(cfg, obs, mesh=mesh, log=log)
+    data = make_data(obs, post.fwd)
+    return obs, post, data
+
+
+def _fixed_theta(cfg: Config, post: Posterior):
+    if not cfg.inference.map.fix_cosmology:
+        return None
+    return post.theta_of(dataclasses.asdict(cfg.cosmology))
+
+
+def _state(run: MapRun) -> dict:
+    return {"params": run.params, "opt_state": run.opt_state, "key": jax.random.key_data(run.key)}
+
+
+def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> dict:
+    """Fit (or resume) the MAP into ``run_dir``; returns the content of ``map.json``."""
+    from fli.host import release_freed_memory  # noqa: PLC0415
+
+    run_dir = Path(run_dir)
+    mcfg = cfg.inference.map
+    obs, post, data = prepare(cfg, log)
+    if (run_dir / MAP_JSON).exists():
+        raise ConfigError(f"run_dir {run_dir} already holds a finished MAP ({MAP_JSON}): choose another run_dir "
+                          f"(or raise inference.map.steps after removing {MAP_JSON} to continue it)")
+    ckpt_dir = run_dir / "checkpoints"
+    last = ckpt.latest_step(ckpt_dir)  # a collective: every process asks
+    if last is not None:
+        meta = ckpt.read_meta(ckpt_dir, last)
+        ckpt.check_resumable(meta["config"], resolved, MAY_CHANGE, where=f"run_dir {run_dir}")
+    theta_fixed = _fixed_theta(cfg, post)
+    step_fn, opt = make_step(post, mcfg, theta_fixed)
+    init = post.zeros()
+    if theta_fixed is not None:
+        init = Latents(jnp.asarray(theta_fixed, init.theta.dtype), init.s)
+    run = MapRun(init, opt.init(init), 0, [], jax.random.key(cfg.seed))
+    if last is not None:
+        state, meta = ckpt.restore_checkpoint(ckpt_dir, last, _state(run))
+        run = MapRun(state["params"], state["opt_state"], int(meta["step"]), list(meta["history"]),
+                     jax.random.wrap_key_data(state["key"]), int(meta.get("below_tol", 0)))
+        log.info("resuming from the checkpoint of step %d (saved on pdims %s, now %s)", run.step,
+                 meta.get("pdims"), list(post.fwd.grid.pdims))
+    if jax.process_index() == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _write_text(run_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+
+    fwd = post.fwd
+    pix_arcmin = fwd.geometry.pixel_size_arcmin
+    log.info("MAP of %s%s and the %s field (%d latents) with %s, up to %d steps; %s forward, %s light cone",
+             ", ".join(post.names) if theta_fixed is None else "nothing (cosmology fixed)",
+             "" if theta_fixed is None else "", "x".join(map(str, fwd.grid.shape)), post.dim, mcfg.optimizer,
+             mcfg.steps, fwd.kind, fwd.lightcone)
+    t0 = time.perf_counter()
+    width0 = jnp.asarray(0.0, fwd.grid.jdtype)
+    compiled = step_fn.lower(run.params, run.opt_state, data, width0).compile()
+    release_freed_memory()
+    t_compile = time.perf_counter() - t0
+    log.info("compiled the optimiser step in %.1f s", t_compile)
+
+    names = post.names
+    params_fn = jax.jit(lambda th: post.params(th))
+    every = max(1, mcfg.steps // 50)
+
+    def report(r: MapRun, info, dt):
+        if r.step % every and r.step != 1 and r.step < mcfg.steps:
+            return
+        ph = {k: float(v) for k, v in params_fn(r.params.theta).items()}
+        shown = " ".join(f"{k}={ph[k]:.4f}" for k in (*names, "S8") if k in ph)
+        log.info("step %d/%d loss %.6g |grad| %.3g %s %.2f s/step (stage %d)", r.step, mcfg.steps,
+                 float(info.loss), float(info.grad_norm), shown, dt, r.history[-1][4])
+
+    def save(r: MapRun):
+        meta = {"config": resolved, "step": r.step, "history": r.history, "below_tol": r.below_tol,
+                "pdims": list(fwd.grid.pdims), "time": time.time()}
+        ckpt.save_checkpoint(ckpt_dir, r.step, _state(r), meta)
+        _write_history(run_dir, r)
+
+    t_run = time.perf_counter()
+    run = run_map(post, data, mcfg, run, compiled, opt, pixel_arcmin=pix_arcmin, log=log, on_checkpoint=save,
+                  report=report)
+    t_run = time.perf_counter() - t_run
+    if not run.history:
+        raise ConfigError(f"inference.map.steps = {mcfg.steps} is not more than the {run.step} steps already done "
+                          f"in {run_dir}: raise it to continue")
+    return finish(cfg, run_dir, obs, post, data, run, theta_fixed, log, t_compile=t_compile, t_run=t_run)
+
+
+def _write_history(run_dir: Path, run: MapRun) -> None:
+    h = history_array(run)
+    lines = ["step,loss,grad_norm,evals,seconds,stage"]
+    lines += [f"{i + 1},{r[0]:.9g},{r[1]:.6g},{int(r[2])},{r[3]:.4f},{int(r[4])}" for i, r in enumerate(h)]
+    _write_text(run_dir / "loss_history.csv", "\n".join(lines) + "\n")
+
+
+def finish(cfg: Config, run_dir: Path, obs, post: Posterior, data: Data, run: MapRun, theta_fixed, log, *,
+           t_compile: float, t_run: float) -> dict:
+    """Laplace errors, truth comparisons, outputs and figures of a finished optimisation."""
+    from fli.infer import figures  # noqa: PLC0415
+    from fli.io import write_arrays  # noqa: PLC0415
+    from fli.painting import check_halo  # noqa: PLC0415
+    from fli.sharding import process_allgather  # noqa: PLC0415
+
+    mcfg, fwd = cfg.inference.map, post.fwd
+    lat = run.params
+    kappa, aux = jax.jit(lambda l: post.predict(l))(lat)
+    max_disp = float(np.max(np.asarray(aux.max_disp)))
+    try:
+        check_halo(max_disp, fwd.grid.halo, cfg.simulation.on_overflow)
+    except ValueError as e:
+        raise ConfigError(f"simulation.halo: at the MAP {e}") from None
+    u, paux = jax.jit(post.potential_and_aux)(lat, data)
+    phys = {k: float(v) for k, v in jax.jit(post.params)(lat.theta).items()}
+    hist = history_array(run)
+    n_pix = int(np.sum(np.asarray(process_allgather(data.weight)) > 0))
+    out = {
+        "description": JOINT_MAP_NOTE if theta_fixed is None else
+        "Field-only MAP: the white-noise field maximising p(s | d, theta) at the config's cosmology.",
+        "kind": "joint" if theta_fixed is None else "field_only",
+        "params": phys, "theta_latent": np.asarray(lat.theta).tolist(), "sampled": list(post.names),
+        "loss": float(u), "chi2": float(paux["chi2"]), "n_pixels": n_pix,
+        "chi2_per_pixel": float(paux["chi2"]) / max(n_pix, 1),
+        "steps": run.step, "converged": converged(run, mcfg), "optimizer": mcfg.optimizer,
+        "anneal": mcfg.anneal, "grad_evals": int(hist[:, 2].sum()), "time_s": {
+            "compile": t_compile, "run_this_session": t_run, "steps_total": float(hist[:, 3].sum())},
+        "max_disp_cells": max_disp, "forward": fwd.kind, "lightcone": fwd.lightcone,
+        "pdims": list(fwd.grid.pdims), "processes": jax.process_count(),
+    }
+    if mcfg.laplace and theta_fixed is None and post.prior.n:
+        out["laplace"] = laplace_errors(post, data, lat, mcfg, log)
+    if obs.has_truth:
+        out["truth"] = {k: float(obs.truth[k]) for k in (*post.names,) if k in obs.truth}
+        tr = {k: float(v) for k, v in jax.jit(post.params)(jnp.asarray(post.theta_of(obs.truth))).items()}
+        out["truth"].update({k: tr[k] for k in ("Omega_m", "S8")})
+        out["error"] = {k: phys[k] - out["truth"][k] for k in out["truth"]}
+    # the field, each process writing its blocks
+    write_arrays(run_dir / FIELD_NAME, {"white_noise": lat.s}, {"units": "unit Gaussian per cell",
+                                                               "pdims": list(fwd.grid.pdims)})
+    metrics = None
+    compare = mcfg.compare_truth if mcfg.compare_truth is not None else obs.has_truth
+    if compare:
+        metrics = truth_metrics(post, lat, obs, kappa)
+        _write_text(run_dir / "metrics.json", json.dumps(metrics, indent=1))
+        out["recovery"] = {"k_r_half": {k: metrics["field"][k]["k_r_half"] for k in metrics["field"]},
+                           "k_T_half": {k: metrics["field"][k]["k_T_half"] for k in metrics["field"]},
+                           "ell_r_half": metrics["kappa"]["ell_r_half"]}
+    out["figures"] = figures.map_figures(run_dir, post, lat, obs, data, kappa, hist, metrics)
+    _write_history(run_dir, run)
+    _write_text(run_dir / MAP_JSON, json.dumps(out, indent=1, default=float))
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils  # noqa: PLC0415
+
+        multihost_utils.sync_global_devices("fli-map-done")
+    log.info("MAP: %s; loss %.6g, chi2/pixel %.3f after %d steps (%s) -> %s",
+             " ".join(f"{k}={v:.4f}" for k, v in phys.items()), out["loss"], out["chi2_per_pixel"], run.step,
+             "converged" if out["converged"] else "step budget", run_dir / MAP_JSON)
+    return out
+
+
+def laplace_errors(post: Posterior, data: Data, lat: Latents, mcfg, log) -> dict:
+    """Marginal (field marginalised, Schur complement by CG) and conditional Laplace errors
+    of the sampled parameters at the MAP, in physical units (delta method)."""
+    from fli.infer.laplace import laplace, to_physical  # noqa: PLC0415
+
+    U = lambda th, s: post.potential(Latents(th, s), data)
+    res = lambda th, s: post.residual(Latents(th, s), data)
+    t0 = time.perf_counter()
+    lr = laplace(U, lat.theta, lat.s, residual=res, cg_tol=mcfg.cg_tol, cg_maxiter=mcfg.cg_maxiter)
+    jac = np.asarray(post.prior.jacobian(lat.theta), float)
+    cov_m, cov_c = to_physical(lr.cov_marginal, jac), to_physical(lr.cov_conditional, jac)
+    names = list(post.names)
+    sd = lambda c: {n: float(math.sqrt(c[i, i])) if c[i, i] > 0 else float("nan") for i, n in enumerate(names)}
+    out = {"marginal": {"std": sd(cov_m), "cov": cov_m.tolist()},
+           "conditional": {"std": sd(cov_c), "cov": cov_c.tolist()},
+           "hessian": lr.hessian, "fallback_reason": lr.fallback_reason, "positive_definite": lr.positive_definite,
+           "cg_iterations": np.asarray(lr.cg_iterations).tolist(), "cg_residual": np.asarray(lr.cg_residual).tolist(),
+           "cg_converged": np.asarray(lr.cg_converged).tolist(), "n_hvp": lr.n_hvp,
+           "cost_grad_evals": lr.cost_grad_evals, "seconds": time.perf_counter() - t0, "params": names,
+           "units": "physical parameters (latent covariance mapped through the prior transform's Jacobian)"}
+    log.info("Laplace (%s Hessian): marginal std %s; conditional %s; CG iterations %s, %d HVPs",
+             lr.hessian, {k: round(v, 5) for k, v in out["marginal"]["std"].items()},
+             {k: round(v, 5) for k, v in out["conditional"]["std"].items()}, out["cg_iterations"], lr.n_hvp)
+    return out
+
+
+def truth_metrics(post: Posterior, lat: Latents, obs, kappa) -> dict:
+    """r(k), T(k) of the recovered linear field and r_ell of the recovered kappa against the mock's truth."""
+    from fli.infer.metrics import field_metrics, map_metrics  # noqa: PLC0415
+    from fli.lpt import linear_field  # noqa: PLC0415
+
+    g = post.fwd.grid
+    c_map = post.cosmology(lat.theta)
+    c_true = post.cosmology(jnp.asarray(post.theta_of(obs.truth), g.jdtype))
+    lin = jax.jit(lambda c, s: linear_field(c, s, g, 1.0))
+    rec, tru = lin(c_map, lat.s), lin(c_true, obs.white_noise.astype(g.jdtype))
+    return {"field": field_metrics(post.fwd, rec, tru),
+            "kappa": map_metrics(kappa, obs.kappa_true, post.fwd.geometry.fov_deg)}
