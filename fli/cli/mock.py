@@ -113,12 +113,18 @@ def write_mock(run_dir: Path, cfg: Config, resolved: dict, m: dict, log: logging
               "noise_sigma": m["noise_sigma"]}
     if m["mask"] is not None:
         arrays["mask"] = np.asarray(m["mask"])
+    # the n(z) tables of the bins that made it: a mock is an observation (docs/observation.md)
+    arrays["nz_z"] = np.stack([np.asarray(b.z) for b in m["bins"]])
+    arrays["nz"] = np.stack([np.asarray(b.nz) for b in m["bins"]])
     geom = m["geom"]
     attrs = {"fli_format": FORMAT_VERSION, "truth": truth, "config": resolved, "seed": cfg.seed,
+             "fov_deg": float(cfg.lensing.fov_deg), "npix": int(cfg.lensing.npix),
+             "n_gal": [float(b.n_gal) for b in m["bins"]],
              "plane_r": geom.plane_r.tolist(), "plane_a": geom.plane_a.tolist(),
              "a_steps": np.asarray(m["a_steps"]).tolist(), "units": {
                  "kappa": "convergence (dimensionless)", "white_noise": "unit Gaussian per cell",
-                 "plane_r": "Mpc/h", "fov": "deg"}}
+                 "noise_sigma": "convergence per pixel", "nz_z": "redshift", "nz": "per unit redshift",
+                 "n_gal": "arcmin^-2", "plane_r": "Mpc/h", "fov": "deg", "fov_deg": "deg"}}
     path = run_dir / MOCK_NAME
     write_arrays(path, arrays, attrs)
     figures = make_figures(run_dir, cfg, m)  # collective: every process computes, process 0 draws
