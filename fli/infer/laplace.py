@@ -1,0 +1,560 @@
+r"""Laplace error of the cosmological parameters at the MAP, with the field marginalised.
+
+The posterior is written in standardised latent coordinates: every latent is a priori a unit
+normal. With ``theta_z`` ``[n]`` (replicated; n = 2..5 cosmological parameters, mapped to
+their physical priors elsewhere) and the white-noise field ``s`` (a float32 ``[nx, ny, nz]``
+array sharded ``P('x', 'y')``, or any pytree of such arrays) the negative log posterior is
+
+.. math::
+
+    U(\theta_z, s) = \tfrac12 |r(\theta_z, s)|^2 + \tfrac12 |\theta_z|^2 + \tfrac12 |s|^2,
+
+with ``r`` the whitened, masked residual (a pytree of sharded 2D maps). Its Hessian at the
+MAP, in blocks ``H = [[H_tt, H_ts], [H_st, H_ss]]``, gives two Gaussian precisions of
+``theta_z``: the *conditional* one ``H_tt`` (field held fixed) and the *marginal* one, the
+Schur complement
+
+.. math::
+
+    S = H_{tt} - H_{ts} H_{ss}^{-1} H_{st}  \qquad (\text{cov}_\text{marg} = S^{-1}
+    = [H^{-1}]_{tt} \succeq H_{tt}^{-1} = \text{cov}_\text{cond}).
+
+Nothing here forms the field Hessian or gathers the field: ``S`` is built column by column
+from Hessian-vector products (HVPs) and a conjugate-gradient (CG) solve on the field block,
+whose inner products are ``jnp.sum`` over the sharded leaves (a local sum and one scalar
+all-reduce). Two Hessians are offered: the exact one, and the Gauss-Newton one
+``H_GN = J^T J + I`` (``J = dr/d(theta_z, s)``), positive definite by construction.
+
+Derivatives (``ad``). ``"forward"`` is forward-over-reverse (``jax.jvp`` of ``jax.grad``;
+Gauss-Newton: ``jax.jvp`` of ``r`` then ``jax.vjp``). JAX cannot apply forward mode to a
+``jax.custom_vjp`` function whose rules call a ``custom_vjp`` primal (``fli.painting``'s
+forward rules call the deposit and interpolation they define, so the PM model is one):
+``"reverse"`` is reverse-over-reverse (``jax.grad`` of
+``<grad U, v>``; Gauss-Newton: ``J v`` as the transpose of the linear map ``u -> J^T u``),
+which works through them. ``"auto"`` (the default) tries the forward one and takes the
+reverse one if JAX refuses forward mode on a ``custom_vjp`` (it does so while lowering).
+
+Entry points: :func:`cg` (pytree CG), :func:`exact_hvp`, :func:`gauss_newton_hvp`,
+:func:`laplace` (-> :class:`LaplaceResult`), :func:`to_physical` (delta method) and
+:func:`hvp_cost_ratio` (measure the cost rule on a model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jaxtyping import Array, Float, PyTree
+
+from fli.sharding import process_allgather
+
+HESSIANS = ("auto", "exact", "gauss_newton")
+ADS = ("auto", "forward", "reverse")
+
+# Counting rule: one HVP costs HVP_COST evaluations of ``jax.value_and_grad(U)`` (the textbook
+# figure for forward-over-reverse: a gradient plus its tangent). A rule, not a measurement:
+# the ratio depends on the model's operations. Measured with :func:`hvp_cost_ratio` on the
+# toy residual of ``tests/test_laplace.py`` (amplitude x line-of-sight tilt x neighbour
+# smoothing, ``tensordot`` onto 3 maps, quadratic term; float32, one CPU device, 2 cores shared
+# with other jobs, median of 15, so +-20 %): at 64x64x128 exact 1.2 (forward) / 1.5 (reverse),
+# Gauss-Newton 1.0-1.6; at 128^3 Gauss-Newton 1.1-1.3 but exact 4-5 (9 ms gradient, 37-47 ms
+# HVP). With the projection written as a broadcast sum instead of a ``tensordot`` both are
+# ~10x slower and the exact ratio is 1.9: the excess sits in how XLA CPU compiles the contractions of the
+# second-order program. Measure on the real model and pass ``hvp_cost=`` to :func:`laplace`.
+HVP_COST = 2.0
+
+
+# --------------------------------------------------------------------------- pytree algebra
+
+
+def _dot(a: PyTree, b: PyTree) -> Array:
+    """Real inner product of two pytrees: ``jnp.sum`` per leaf (a local sum and one scalar
+    all-reduce for a sharded leaf), summed over leaves."""
+    return sum(jnp.sum(x * y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def _axpy(alpha: Array, x: PyTree, y: PyTree) -> PyTree:
+    """``alpha * x + y`` leaf by leaf."""
+    return jax.tree.map(lambda xi, yi: (alpha * xi + yi).astype(yi.dtype), x, y)
+
+
+# --------------------------------------------------------------------------- CG
+
+
+class CGInfo(NamedTuple):
+    """What :func:`cg` did (scalars; arrays under ``jit``/``vmap``).
+
+    ``iterations``: CG iterations, one matvec each (int32; a given ``x0`` costs one more);
+    ``relative_residual``: ``|b - A x| / |b|`` from CG's recursively updated residual (0 for
+    ``b = 0``); ``converged``: it reached ``tol``
+    without meeting negative curvature; ``negative_curvature``: a search direction with
+    ``p^T A p <= 0`` (or NaN) was met, i.e. ``A`` is not positive definite; CG stopped there
+    and ``x`` is the last iterate before that step.
+    """
+
+    iterations: Array
+    relative_residual: Array
+    converged: Array
+    negative_curvature: Array
+
+
+def cg(
+    matvec: Callable[[PyTree], PyTree],
+    b: PyTree,
+    x0: PyTree | None = None,
+    *,
+    tol: float | Array = 1e-6,
+    maxiter: int | Array = 1000,
+) -> tuple[PyTree, CGInfo]:
+    r"""Solve ``A x = b`` for a symmetric positive-definite linear operator on pytrees.
+
+    ``matvec(x)`` returns ``A x`` with the structure, shapes, dtypes and sharding of ``b``
+    (e.g. a field ``[nx, ny, nz]`` sharded ``P('x', 'y')``: every iterate keeps that
+    sharding). Inner products are ``jnp.sum`` over leaves, so the only collectives CG adds
+    are scalar all-reduces (two per iteration). Stops when the relative residual
+    ``|r_k| / |b| <= tol``, after ``maxiter`` iterations, or at negative curvature
+    ``p^T A p <= 0`` (see :class:`CGInfo`). ``x0=None`` starts from 0 and costs no matvec;
+    a given ``x0`` costs one. Jittable (``lax.while_loop``; ``tol`` and ``maxiter`` may be
+    traced), real dtypes only. Hestenes & Stiefel (1952), algorithm as in Nocedal & Wright,
+    *Numerical Optimization*, Alg. 5.2.
+    """
+    leaves = jax.tree.leaves(b)
+    if not leaves:
+        raise ValueError("cg: b has no array leaves")
+    if any(jnp.issubdtype(x.dtype, jnp.complexfloating) for x in leaves):
+        raise ValueError("cg: complex leaves are not supported (real inner products only)")
+    dt = jnp.result_type(*leaves)
+    if x0 is None:
+        x = jax.tree.map(jnp.zeros_like, b)
+        r = b
+    else:
+        x = x0
+        r = jax.tree.map(lambda bi, ai: bi - ai, b, matvec(x0))
+    bb = _dot(b, b).astype(dt)
+    rr = _dot(r, r).astype(dt)
+    thresh = (jnp.asarray(tol, dt) ** 2) * bb
+    maxiter = jnp.asarray(maxiter, jnp.int32)
+
+    def cond(state):
+        _, _, _, rr, k, neg = state
+        return (rr > thresh) & (k < maxiter) & ~neg
+
+    def body(state):
+        x, r, p, rr, k, _ = state
+        ap = matvec(p)
+        pap = _dot(p, ap).astype(dt)
+        neg = ~(pap > 0)  # also catches NaN
+        alpha = jnp.where(neg, 0.0, rr / jnp.where(neg, 1.0, pap)).astype(dt)
+        x = _axpy(alpha, p, x)
+        r_new = _axpy(-alpha, ap, r)
+        rr_new = _dot(r_new, r_new).astype(dt)
+        beta = (rr_new / jnp.where(rr > 0, rr, 1.0)).astype(dt)
+        p = _axpy(beta, p, r_new)
+        return x, r_new, p, jnp.where(neg, rr, rr_new), k + 1, neg
+
+    state = (x, r, r, rr, jnp.int32(0), jnp.array(False))
+    x, _, _, rr, k, neg = lax.while_loop(cond, body, state)
+    rel = jnp.sqrt(rr / jnp.where(bb > 0, bb, 1.0))
+    return x, CGInfo(k, rel, (rr <= thresh) & ~neg, neg)
+
+
+# --------------------------------------------------------------------------- HVPs
+
+
+def _is_custom_vjp_refusal(err: Exception) -> bool:
+    return isinstance(err, TypeError) and "custom_vjp" in str(err)
+
+
+def exact_hvp(
+    U: Callable[..., Array],
+    theta_z: Float[Array, " n"],
+    s: PyTree,
+    v_theta: Float[Array, " n"],
+    v_s: PyTree,
+    *,
+    ad: Literal["forward", "reverse"] = "forward",
+) -> tuple[Float[Array, " n"], PyTree]:
+    """``H (v_theta, v_s)`` for the exact Hessian of ``U(theta_z, s)`` (a scalar).
+
+    ``ad="forward"``: ``jax.jvp`` of ``jax.grad`` (forward-over-reverse). ``"reverse"``:
+    ``jax.grad`` of ``<grad U, v>`` (reverse-over-reverse; works through ``custom_vjp``).
+    The field part has the shape and sharding of ``s`` (``P('x', 'y')`` for a field); no
+    Hessian is formed. Costs about :data:`HVP_COST` gradient evaluations.
+    """
+    z, v = (theta_z, s), (v_theta, v_s)
+    grad_u = jax.grad(lambda zz: U(*zz))
+    if ad == "forward":
+        return jax.jvp(grad_u, (z,), (v,))[1]
+    if ad == "reverse":
+        return jax.grad(lambda zz: _dot(grad_u(zz), v))(z)
+    raise ValueError(f"ad must be 'forward' or 'reverse' here, got {ad!r}")
+
+
+def gauss_newton_hvp(
+    residual: Callable[..., PyTree],
+    theta_z: Float[Array, " n"],
+    s: PyTree,
+    v_theta: Float[Array, " n"],
+    v_s: PyTree,
+    *,
+    ad: Literal["forward", "reverse"] = "forward",
+) -> tuple[Float[Array, " n"], PyTree]:
+    r"""``(J^T J + I) (v_theta, v_s)``, ``J = d residual / d(theta_z, s)`` (Gauss-Newton).
+
+    The Gauss-Newton Hessian of ``U = |r|^2/2 + |z|^2/2`` in standard-normal latents:
+    positive definite whatever the point. ``residual(theta_z, s)`` returns the whitened,
+    masked residual (a pytree of maps, e.g. ``[n_bins, npix, npix]`` sharded
+    ``P(None, 'x', 'y')``). ``ad="forward"``: ``J v`` by ``jax.jvp``, then ``J^T`` by
+    ``jax.vjp``. ``"reverse"``: ``J^T`` by ``jax.vjp`` and ``J v`` as the transpose of that
+    linear map (``jax.linear_transpose``), reverse mode only (works through ``custom_vjp``).
+    """
+    z, v = (theta_z, s), (v_theta, v_s)
+    rfun = lambda zz: residual(*zz)
+    if ad == "forward":
+        # One primal pass: linearise, then the tangent map and its transpose.
+        _, jvp_fun = jax.linearize(rfun, z)
+        jv = jvp_fun(v)
+        jtjv = jax.linear_transpose(jvp_fun, z)(jv)[0]
+    elif ad == "reverse":
+        r0, vjp_fun = jax.vjp(rfun, z)
+        jv = jax.linear_transpose(lambda u: vjp_fun(u)[0], r0)(v)[0]
+        jtjv = vjp_fun(jv)[0]
+    else:
+        raise ValueError(f"ad must be 'forward' or 'reverse' here, got {ad!r}")
+    return jax.tree.map(lambda a, b: a + b, jtjv, v)
+
+
+def _hvp_for(kind: str, U, residual, ad: str):
+    if kind == "exact":
+        return partial(exact_hvp, U, ad=ad)
+    return partial(gauss_newton_hvp, residual, ad=ad)
+
+
+# --------------------------------------------------------------------------- Schur columns
+
+
+class SchurColumns(NamedTuple):
+    """Raw output of :func:`schur_columns` (jax arrays; ``n`` parameters).
+
+    ``h_tt`` ``[n, n]``: conditional precision (column j = theta part of ``H (e_j, 0)``);
+    ``schur`` ``[n, n]``: column j = ``H_tt e_j - H_ts x_j`` with ``H_ss x_j = H_st e_j``
+    (not symmetrised: its asymmetry measures the CG error); ``cg``: a :class:`CGInfo` of
+    ``[n]`` arrays, one per column.
+    """
+
+    h_tt: Array
+    schur: Array
+    cg: CGInfo
+
+
+@partial(jax.jit, static_argnames=("U", "residual", "kind", "ad"))
+def schur_columns(
+    U: Callable[..., Array] | None,
+    residual: Callable[..., PyTree] | None,
+    theta_z: Float[Array, " n"],
+    s: PyTree,
+    cg_tol: float | Array,
+    cg_maxiter: int | Array,
+    *,
+    kind: Literal["exact", "gauss_newton"],
+    ad: Literal["forward", "reverse"],
+) -> SchurColumns:
+    """The conditional precision and the Schur complement, one column per unit vector.
+
+    One jitted program for all ``n`` columns (``lax.map``: sequential, one CG at a time, so
+    memory is that of one column). Column j spends ``2 + cg.iterations[j]`` HVPs: one for
+    ``H (e_j, 0)`` (giving ``H_tt e_j`` and ``b_j = H_st e_j``), one per CG iteration on
+    ``H_ss x_j = b_j`` (the field part of ``H (0, p)``) and one for ``H (0, x_j)`` (its theta
+    part is ``H_ts x_j``). The field ``s`` (sharded ``P('x', 'y')``) and every CG iterate
+    keep its sharding; ``s`` is an argument, never a constant. ``U`` and ``residual`` are
+    static (hashed by identity): the same callables reuse the compiled program; ``cg_tol``
+    and ``cg_maxiter`` are traced.
+
+    (``H_ts x_j`` could also be read as ``[<b_i, x_j>]_i`` by symmetry, saving the last HVP
+    of each column at the price of storing the ``n`` fields ``b_i``; measured on the test
+    problem, the compile time is the same, and the saving is ``n`` of ``sum_j (2 + iters_j)``
+    HVPs, about 2 %: not worth the memory.)
+    """
+    hvp = _hvp_for(kind, U, residual, ad)
+    n = theta_z.shape[0]
+    zero_s = jax.tree.map(jnp.zeros_like, s)
+    zero_t = jnp.zeros_like(theta_z)
+
+    def field_matvec(x):
+        return hvp(theta_z, s, zero_t, x)[1]
+
+    def column(e):
+        h_t, b = hvp(theta_z, s, e, zero_s)
+        x, info = cg(field_matvec, b, tol=cg_tol, maxiter=cg_maxiter)
+        h_ts_x = hvp(theta_z, s, zero_t, x)[0]
+        return h_t, h_t - h_ts_x, info
+
+    h_cols, s_cols, info = lax.map(column, jnp.eye(n, dtype=theta_z.dtype))
+    # lax.map stacks column j as row j: transpose to put it back as a column.
+    return SchurColumns(h_cols.T, s_cols.T, info)
+
+
+# --------------------------------------------------------------------------- Laplace
+
+
+@dataclasses.dataclass(frozen=True)
+class LaplaceResult:
+    """Gaussian (Laplace) approximation of ``theta_z`` at a point, in latent coordinates.
+
+    Arrays are host numpy float64 (``n`` parameters), symmetrised (``(A + A^T) / 2``).
+
+    * ``precision_marginal`` ``[n, n]``: the Schur complement ``H_tt - H_ts H_ss^{-1} H_st``
+      (field marginalised); ``cov_marginal``, ``std_marginal`` ``[n]`` its inverse and the
+      square roots of that inverse's diagonal (NaN where the diagonal is not positive);
+    * ``precision_conditional``, ``cov_conditional``, ``std_conditional``: the same for
+      ``H_tt`` (field fixed at the point);
+    * ``hessian``: "exact" or "gauss_newton", the one these numbers come from;
+      ``requested``: what was asked ("auto", "exact", "gauss_newton"); ``fallback_reason``:
+      why "auto" left the exact Hessian (None if it did not); ``ad``: "forward" or "reverse";
+    * ``positive_definite``: both precisions are (Cholesky succeeds) and CG met no negative
+      curvature;
+    * ``cg_iterations`` ``[n]`` int, ``cg_residual`` ``[n]`` (relative, CG's recursive
+      residual), ``cg_converged`` ``[n]`` bool, ``cg_negative_curvature`` ``[n]`` bool: per
+      column of the Hessian used;
+    * ``schur_asymmetry``: ``max|S - S^T| / max|S|`` before symmetrising (an accuracy check
+      on the CG solves: exact solves give 0);
+    * ``n_hvp``: HVPs spent in all attempts (an "auto" fallback counts the exact attempt);
+      ``cost_grad_evals``: ``hvp_cost * n_hvp``, the cost in gradient evaluations under the
+      rule that one HVP costs ``hvp_cost`` (default :data:`HVP_COST` = 2) evaluations of
+      ``jax.value_and_grad(U)``.
+    """
+
+    precision_marginal: np.ndarray
+    cov_marginal: np.ndarray
+    std_marginal: np.ndarray
+    precision_conditional: np.ndarray
+    cov_conditional: np.ndarray
+    std_conditional: np.ndarray
+    hessian: str
+    requested: str
+    fallback_reason: str | None
+    ad: str
+    positive_definite: bool
+    cg_iterations: np.ndarray
+    cg_residual: np.ndarray
+    cg_converged: np.ndarray
+    cg_negative_curvature: np.ndarray
+    schur_asymmetry: float
+    n_hvp: int
+    cost_grad_evals: float
+
+
+def _sym(a: np.ndarray) -> np.ndarray:
+    return 0.5 * (a + a.T)
+
+
+def _is_pd(a: np.ndarray) -> bool:
+    if not np.all(np.isfinite(a)):
+        return False
+    try:
+        np.linalg.cholesky(a)
+    except np.linalg.LinAlgError:
+        return False
+    return True
+
+
+def _inverse_and_std(prec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        cov = _sym(np.linalg.inv(prec))
+    except np.linalg.LinAlgError:
+        cov = np.full_like(prec, np.nan)
+    d = np.diag(cov)
+    std = np.where(d > 0, np.sqrt(np.where(d > 0, d, 1.0)), np.nan)
+    return cov, std
+
+
+def _min_eig(a: np.ndarray) -> float:
+    return float(np.linalg.eigvalsh(a).min()) if np.all(np.isfinite(a)) else float("nan")
+
+
+def _not_pd_reason(h_tt: np.ndarray, schur: np.ndarray, neg: np.ndarray) -> str | None:
+    """Why the Hessian is not positive definite at this point, or None (host check)."""
+    reasons = []
+    if not _is_pd(h_tt):
+        reasons.append(f"H_tt is not positive definite (min eigenvalue {_min_eig(h_tt):.3g})")
+    if np.any(neg):
+        cols = [int(j) for j in np.flatnonzero(neg)]
+        reasons.append(f"CG on H_ss met negative curvature p^T H_ss p <= 0 (columns {cols})")
+    elif not _is_pd(schur):
+        reasons.append(f"the Schur complement is not positive definite (min eigenvalue {_min_eig(schur):.3g})")
+    return "; ".join(reasons) or None
+
+
+def laplace(
+    U: Callable[..., Array],
+    theta_z: Float[Array, " n"],
+    s: PyTree,
+    *,
+    residual: Callable[..., PyTree] | None = None,
+    cg_tol: float = 1e-6,
+    cg_maxiter: int = 1000,
+    hessian: Literal["auto", "exact", "gauss_newton"] = "auto",
+    ad: Literal["auto", "forward", "reverse"] = "auto",
+    hvp_cost: float = HVP_COST,
+) -> LaplaceResult:
+    r"""Marginal and conditional Laplace precision of ``theta_z`` at ``(theta_z, s)``.
+
+    ``U(theta_z, s)`` is the negative log posterior in standard-normal latents (scalar),
+    ``theta_z`` ``[n]`` replicated, ``s`` the field ``[nx, ny, nz]`` sharded ``P('x', 'y')``
+    (or a pytree of fields), usually the MAP. ``residual(theta_z, s)`` is the whitened
+    residual ``r`` with ``U = |r|^2/2 + |theta_z|^2/2 + |s|^2/2`` (up to a constant); it is
+    needed for ``hessian="gauss_newton"`` and for the fallback of ``"auto"``.
+
+    ``hessian="auto"`` uses the exact Hessian and falls back to Gauss-Newton
+    ``J^T J + I`` when the exact one is shown not positive definite at this point: ``H_tt``
+    or the Schur complement fails a Cholesky factorisation, or CG on ``H_ss`` meets
+    ``p^T H_ss p <= 0``. (CG sees only a Krylov subspace: an indefinite ``H_ss`` can go
+    unnoticed if neither shows it.) Without ``residual`` it returns the exact result with
+    ``positive_definite=False`` and a warning.
+
+    CG per column stops at relative residual ``cg_tol`` or ``cg_maxiter`` iterations; the
+    Schur error is about ``cg_tol`` times the condition number of ``H_ss`` relative to
+    ``H_ts H_ss^{-1} H_st``. The device work is one jitted program per Hessian
+    (:func:`schur_columns`, compiled once for all columns); the ``n x n`` algebra is on the
+    host in float64. The field is never gathered and no field Hessian is formed.
+    Counting rule: one HVP = ``hvp_cost`` gradient evaluations (default :data:`HVP_COST` = 2;
+    measure a model's own with :func:`hvp_cost_ratio`); ``n`` columns cost
+    ``sum_j (2 + cg_iterations_j)`` HVPs.
+    Not jittable itself (host decisions); returns a :class:`LaplaceResult`.
+    """
+    if hessian not in HESSIANS:
+        raise ValueError(f"hessian must be one of {HESSIANS}, got {hessian!r}")
+    if ad not in ADS:
+        raise ValueError(f"ad must be one of {ADS}, got {ad!r}")
+    if hessian == "gauss_newton" and residual is None:
+        raise ValueError("hessian='gauss_newton' needs residual(theta_z, s), got residual=None")
+    theta_z = jnp.asarray(theta_z)
+    if theta_z.ndim != 1 or theta_z.shape[0] < 1:
+        raise ValueError(f"theta_z must be a vector [n] with n >= 1, got shape {theta_z.shape}")
+    if cg_tol <= 0 or cg_maxiter < 1:
+        raise ValueError(f"cg_tol must be > 0 and cg_maxiter >= 1, got {cg_tol} and {cg_maxiter}")
+    if not hvp_cost > 0:
+        raise ValueError(f"hvp_cost must be > 0 gradient evaluations, got {hvp_cost}")
+
+    def attempt(kind: str, ad: str):
+        # Pass only the callable this Hessian uses, so that the other does not key the jit cache.
+        fns = (U, None) if kind == "exact" else (None, residual)
+        run = lambda a: schur_columns(*fns, theta_z, s, cg_tol, cg_maxiter, kind=kind, ad=a)
+        ad_used = "forward" if ad == "auto" else ad
+        try:
+            out = run(ad_used)
+        except TypeError as err:
+            # JAX refuses forward mode over some custom_vjp rules while lowering (not while
+            # tracing: jax.eval_shape passes), so the cheapest test is the forward attempt itself.
+            if ad != "auto" or not _is_custom_vjp_refusal(err):
+                raise
+            ad_used = "reverse"
+            out = run(ad_used)
+        h_tt, schur = (np.asarray(process_allgather(a), np.float64) for a in (out.h_tt, out.schur))
+        info = CGInfo(*(np.asarray(process_allgather(a)) for a in out.cg))
+        return ad_used, h_tt, schur, info
+
+    used = "gauss_newton" if hessian == "gauss_newton" else "exact"
+    ad_used, h_tt, schur, info = attempt(used, ad)
+    n_hvp = int(np.sum(2 + info.iterations.astype(np.int64)))
+    reason = _not_pd_reason(_sym(h_tt), _sym(schur), info.negative_curvature)
+    fallback = None
+    if hessian == "auto" and reason is not None and residual is None:
+        warnings.warn(f"laplace: the exact Hessian is not positive definite ({reason}) and no residual "
+                      "was given for the Gauss-Newton fallback: returning the exact result", stacklevel=2)
+    elif hessian == "auto" and reason is not None:
+        fallback = f"exact Hessian not positive definite: {reason}"
+        # The residual is part of U: if forward mode was refused for U it will be for r too.
+        used = "gauss_newton"
+        ad_used, h_tt, schur, info = attempt(used, "reverse" if ad_used == "reverse" else ad)
+        n_hvp += int(np.sum(2 + info.iterations.astype(np.int64)))
+        reason = _not_pd_reason(_sym(h_tt), _sym(schur), info.negative_curvature)
+        if reason is not None:  # round-off or a stalled CG: J^T J + I is PD in exact arithmetic
+            warnings.warn(f"laplace: the Gauss-Newton fallback is not positive definite ({reason})", stacklevel=2)
+    elif reason is not None:
+        warnings.warn(f"laplace: the {used} Hessian is not positive definite ({reason})", stacklevel=2)
+    stalled = ~info.converged & ~info.negative_curvature  # negative curvature is reported above
+    if np.any(stalled):
+        cols = [int(j) for j in np.flatnonzero(stalled)]
+        warnings.warn(f"laplace: CG did not reach cg_tol={cg_tol:g} within cg_maxiter={cg_maxiter} in columns "
+                      f"{cols} (relative residuals {info.relative_residual[cols].tolist()})", stacklevel=2)
+
+    scale = np.max(np.abs(schur))
+    asym = float(np.max(np.abs(schur - schur.T)) / scale) if scale > 0 else 0.0
+    prec_m, prec_c = _sym(schur), _sym(h_tt)
+    cov_m, std_m = _inverse_and_std(prec_m)
+    cov_c, std_c = _inverse_and_std(prec_c)
+    return LaplaceResult(
+        precision_marginal=prec_m, cov_marginal=cov_m, std_marginal=std_m,
+        precision_conditional=prec_c, cov_conditional=cov_c, std_conditional=std_c,
+        hessian=used, requested=hessian, fallback_reason=fallback, ad=ad_used,
+        positive_definite=reason is None,
+        cg_iterations=info.iterations.astype(np.int64),
+        cg_residual=np.asarray(info.relative_residual, np.float64),
+        cg_converged=np.asarray(info.converged, bool),
+        cg_negative_curvature=np.asarray(info.negative_curvature, bool),
+        schur_asymmetry=asym, n_hvp=n_hvp, cost_grad_evals=float(hvp_cost) * n_hvp,
+    )
+
+
+def to_physical(cov_z: Float[Any, "n n"], jac: Float[Any, "n n"] | Float[Any, " n"]) -> np.ndarray:
+    r"""Delta method: the covariance of the physical parameters from the latent one.
+
+    ``cov_phys = J cov_z J^T`` with ``J = d theta_phys / d theta_z`` ``[n, n]`` the Jacobian
+    of the prior transform at the point (e.g. ``jax.jacfwd(transform)(theta_z_map)``); a
+    vector ``[n]`` is taken as a diagonal Jacobian (independent priors). First order in the
+    latent width: exact for affine transforms. Units: those of ``theta_phys`` squared.
+    """
+    cov_z = np.asarray(cov_z, np.float64)
+    jac = np.asarray(jac, np.float64)
+    n = cov_z.shape[0]
+    if cov_z.shape != (n, n):
+        raise ValueError(f"cov_z must be square [n, n], got shape {cov_z.shape}")
+    if jac.shape == (n,):
+        jac = np.diag(jac)
+    if jac.shape != (n, n):
+        raise ValueError(f"jac must be [{n}, {n}] or a diagonal [{n}] for cov_z [{n}, {n}], got shape {jac.shape}")
+    return _sym(jac @ cov_z @ jac.T)
+
+
+# --------------------------------------------------------------------------- cost rule
+
+
+def hvp_cost_ratio(
+    U: Callable[..., Array],
+    theta_z: Float[Array, " n"],
+    s: PyTree,
+    *,
+    residual: Callable[..., PyTree] | None = None,
+    kind: Literal["exact", "gauss_newton"] = "exact",
+    ad: Literal["forward", "reverse"] = "forward",
+    repeats: int = 5,
+) -> dict[str, float]:
+    """Measure one HVP against one ``jax.value_and_grad(U)`` (both jitted, compiled apart).
+
+    Returns ``{"t_grad": s, "t_hvp": s, "ratio": t_hvp / t_grad}`` (median wall time of
+    ``repeats`` runs after a warm-up). The check behind :data:`HVP_COST` on a given model.
+    """
+    vg = jax.jit(jax.value_and_grad(lambda t, f: U(t, f), argnums=(0, 1)))
+    hv = jax.jit(_hvp_for(kind, U, residual, ad))
+
+    def timed(fn, *args):
+        jax.block_until_ready(fn(*args))
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts))
+
+    t_grad = timed(vg, theta_z, s)
+    t_hvp = timed(hv, theta_z, s, theta_z, s)
+    return {"t_grad": t_grad, "t_hvp": t_hvp, "ratio": t_hvp / t_grad}
