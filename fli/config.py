@@ -274,6 +274,7 @@ class Config:
     run_dir: Optional[str] = None  # default: outputs/<command>/<timestamp>
     mock: Optional[str] = None  # path of a fli-mock run directory (for fli-map / fli-nuts)
     progress: bool = True
+    compilation_cache: Optional[str] = "~/.cache/fli/jax"  # JAX's persistent compilation cache; null: off
     name: str = MISSING  # experiment name, set by the experiment file or config.yaml
 
     def __post_init__(self) -> None:

@@ -11,6 +11,11 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "allow")
+# JAX's persistent compilation cache: tests that build the same small posterior (and the slow
+# tests that CI runs after the default ones) reuse compiled programs instead of recompiling
+_CACHE = os.environ.get("FLI_TEST_JAX_CACHE", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "jax"))
+jax.config.update("jax_compilation_cache_dir", os.path.abspath(_CACHE))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 @pytest.fixture(scope="session")

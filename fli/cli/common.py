@@ -123,6 +123,10 @@ def main_wrapper(command: str, body: Callable[[Config, dict, Path, logging.Logge
         init_distributed(d.coordinator, d.num_processes, d.process_id, d.local_device_count)
         import jax  # noqa: PLC0415
 
+        if cfg.compilation_cache:
+            # a repeated command (a resume, another seed) skips recompiling the same program
+            jax.config.update("jax_compilation_cache_dir", str(Path(cfg.compilation_cache).expanduser()))
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
         need, have = n_devices_needed(d.pdims), jax.device_count()
         if need > have:
             raise ConfigError(f"distributed.pdims {list(d.pdims)} needs {need} devices, found {have} "

@@ -22,69 +22,37 @@ from fli.cli.common import main_wrapper
 from fli.config import Config, ConfigError
 
 
-def build(cfg: Config):
-    """Cosmology, grid and lens geometry from a validated config (host side, no compilation)."""
-    from fli.cosmology import Cosmology  # noqa: PLC0415
-    from fli.grid import Grid  # noqa: PLC0415
-    from fli.lensing import lens_geometry  # noqa: PLC0415
-    from fli.sharding import make_mesh  # noqa: PLC0415
-    from fli.survey import nz_bins_from_config  # noqa: PLC0415
-
-    sim = cfg.simulation
-    try:
-        cosmo = Cosmology(**dataclasses.asdict(cfg.cosmology)).validate()
-    except ValueError as e:
-        raise ConfigError(f"cosmology.{e}") from None
-    mesh = make_mesh(cfg.distributed.pdims)
-    grid = Grid(tuple(sim.mesh), tuple(sim.box), mesh, halo=sim.halo, fft_backend=sim.fft_backend,
-                dtype=sim.dtype, force_correction=sim.force_correction)
-    try:
-        bins = nz_bins_from_config(cfg.survey)
-        geom = lens_geometry(cosmo, grid, cfg.lensing, cfg.survey)
-        a_steps = geom.a_steps(sim.a_start)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    return cosmo, grid, geom, bins, a_steps
-
-
 def make_mock(cfg: Config, log: logging.Logger | None = None) -> dict:
-    """Run the forward model for the config's truth; returns the arrays and diagnostics."""
-    from fli.lensing import born_convergence, plane_hook  # noqa: PLC0415
-    from fli.nbody import density, simulate  # noqa: PLC0415
+    """Run the forward model (:func:`fli.forward.build_forward`, the one the likelihood uses)
+    at the config's truth, add shape noise; returns the arrays and diagnostics."""
+    from fli.forward import build_forward, fiducial_cosmology  # noqa: PLC0415
     from fli.painting import check_halo  # noqa: PLC0415
     from fli.sharding import white_noise  # noqa: PLC0415
     from fli.survey import add_noise, load_mask, noise_sigma  # noqa: PLC0415
 
     log = log or logging.getLogger("fli")
-    cosmo, grid, geom, bins, a_steps = build(cfg)
+    fwd = build_forward(cfg)
+    cosmo, grid, geom = fiducial_cosmology(cfg), fwd.grid, fwd.geometry
+    a_steps = np.asarray(geom.a_steps(fwd.a_start))
     try:
         mask = load_mask(cfg.survey, cfg.lensing.npix)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     log.info("grid %s cells over %s Mpc/h on pdims %s; %d lens planes to r = %.0f Mpc/h; %d PM steps "
-             "a = %.3f -> %.3f", grid.shape, grid.box, grid.pdims, geom.n_used, geom.plane_r[-1] + geom.dr / 2,
-             len(a_steps) - 1, a_steps[0], a_steps[-1])
+             "a = %.3f -> %.3f (%s forward, %s light cone)", grid.shape, grid.box, grid.pdims, geom.n_used,
+             geom.plane_r[-1] + geom.dr / 2, len(a_steps) - 1, a_steps[0], a_steps[-1], fwd.kind, fwd.lightcone)
     if geom.replicated:
         log.warning("%s", geom.replication_note())
-    dt = grid.jdtype
-    cosmo_t = jax.tree.map(lambda v: jnp.asarray(v, dt), cosmo)
-    noise = white_noise(cfg.seed, grid.shape, grid.mesh, dtype=dt)
-    hook = plane_hook(geom, grid)
-
-    @jax.jit
-    def forward(cosmo, noise):
-        st, planes, maxd = simulate(cosmo, noise, grid, a_steps, lpt_order=cfg.simulation.lpt_order,
-                                    hook=hook, adjoint=cfg.simulation.adjoint)
-        kappa = born_convergence(cosmo, planes, geom, grid, bins)
-        return kappa, density(st.disp, grid), maxd
+    noise = white_noise(cfg.seed, grid.shape, grid.mesh, dtype=grid.jdtype)
+    forward = jax.jit(lambda c, s: fwd(c, s, return_density=True))
 
     t0 = time.perf_counter()
-    log.info("compiling and running the forward model (2LPT + %d PM steps + Born projection)...",
-             len(a_steps) - 1)
-    kappa, rho, maxd = forward(cosmo_t, noise)
+    log.info("compiling and running the forward model (%s, %d lens planes, Born projection)...",
+             "2LPT + %d PM steps" % (len(a_steps) - 1) if fwd.kind == "pm" else "linear", geom.n_used)
+    kappa, aux = forward(cosmo, noise)
     jax.block_until_ready(kappa)
     t1 = time.perf_counter()
-    max_disp = float(np.max(np.asarray(maxd)))
+    max_disp = float(np.max(np.asarray(aux.max_disp)))
     log.info("forward model done in %.1f s; largest transverse displacement %.2f cells (halo %d)",
              t1 - t0, max_disp, grid.halo)
     try:
@@ -94,9 +62,9 @@ def make_mock(cfg: Config, log: logging.Logger | None = None) -> dict:
     sigma = noise_sigma(cfg.survey, cfg.lensing.fov_deg, cfg.lensing.npix)
     key = jax.random.fold_in(jax.random.key(cfg.seed), 1)  # independent of the white-noise stream
     noisy = add_noise(key, kappa, sigma, mask)
-    return dict(cosmo=cosmo, grid=grid, geom=geom, bins=bins, a_steps=a_steps, white_noise=noise,
+    return dict(cosmo=cosmo, grid=grid, geom=geom, bins=list(fwd.bins), a_steps=a_steps, white_noise=noise,
                 kappa_true=kappa, kappa_obs=noisy.kappa, noise_sigma=np.asarray(noisy.sigma),
-                mask=None if mask is None else noisy.mask, density=rho, max_disp=max_disp,
+                mask=None if mask is None else noisy.mask, density=aux.density, max_disp=max_disp,
                 forward_s=t1 - t0)
 
 

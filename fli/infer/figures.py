@@ -49,7 +49,7 @@ def map_figures(run_dir: Path, post, lat, obs, data, kappa, hist: np.ndarray, me
 
 def loss_curve(hist: np.ndarray, path: Path) -> Path:
     plt = _plt()
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
     steps = np.arange(1, len(hist) + 1)
     loss = hist[:, 0]
     ax[0].plot(steps, loss - loss.min() + 1.0, lw=1.2)
@@ -78,19 +78,20 @@ def kappa_panels(k_map, k_true, k_obs, fov, path: Path) -> Path:
     plt = _plt()
     rows = [("observed", k_obs), ("MAP (noiseless)", k_map)] + ([("true (noiseless)", k_true)] if k_true is not None else [])
     nb = k_map.shape[0]
-    fig, axes = plt.subplots(len(rows), nb, figsize=(3.2 * nb, 3.0 * len(rows)), squeeze=False)
+    fig, axes = plt.subplots(len(rows), nb, figsize=(3.4 * nb, 3.0 * len(rows)), squeeze=False,
+                             constrained_layout=True)
     for b in range(nb):
         lim = float(np.max(np.abs(k_true[b] if k_true is not None else k_map[b]))) or 1.0
         for r, (name, m) in enumerate(rows):
             im = _imshow(axes[r, b], m[b], fov, f"bin {b}: {name}", -lim, lim, "RdBu_r")
-        fig.colorbar(im, ax=axes[:, b].tolist(), shrink=0.8, label="kappa")
+        fig.colorbar(im, ax=axes[:, b].tolist(), shrink=0.6, label=f"kappa (bin {b})")
     return _save(fig, path)
 
 
 def residual_maps(k_obs, k_map, w, fov, path: Path) -> Path:
     plt = _plt()
     nb = k_map.shape[0]
-    fig, axes = plt.subplots(1, nb, figsize=(3.4 * nb, 3.2), squeeze=False)
+    fig, axes = plt.subplots(1, nb, figsize=(3.6 * nb + 1, 3.4), squeeze=False, constrained_layout=True)
     for b in range(nb):
         r = (k_obs[b] - k_map[b]) * w[b]
         n = max(int(np.sum(w[b] > 0)), 1)
@@ -102,7 +103,7 @@ def residual_maps(k_obs, k_map, w, fov, path: Path) -> Path:
 
 def transfer(fm: dict, path: Path) -> Path:
     plt = _plt()
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
     for i, (name, label) in enumerate((("all", "all modes"), ("cone", "inside the light cone"),
                                        ("transverse", "transverse (k_par = 0), cone"))):
         d = fm[name]
@@ -121,7 +122,7 @@ def transfer(fm: dict, path: Path) -> Path:
 
 def r_ell(km: dict, path: Path) -> Path:
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), constrained_layout=True)
     ell = np.asarray(km["ell"])
     for b, rb in enumerate(km["r"]):
         ax.plot(ell, rb, f"C{b}o-", ms=3, label=f"bin {b}")
@@ -136,7 +137,7 @@ def r_ell(km: dict, path: Path) -> Path:
 
 def field_slices(true_slice, rec_slice, box, path: Path) -> Path:
     plt = _plt()
-    fig, axes = plt.subplots(2, 1, figsize=(10, 4.6), sharex=True)
+    fig, axes = plt.subplots(2, 1, figsize=(10, 4.6), sharex=True, constrained_layout=True)
     lim = float(np.max(np.abs(true_slice))) or 1.0
     ext = (0, box[2], 0, box[0])
     for a, m, t in zip(axes, (true_slice, rec_slice), ("true", "MAP"), strict=True):
