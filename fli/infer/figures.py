@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fli.plots import _plt, _save
@@ -27,7 +26,9 @@ def map_figures(run_dir: Path, post, lat, obs, data, kappa, hist: np.ndarray, me
     slices = None
     if obs.has_truth:
         lin = jax.jit(lambda c, s: linear_field(c, s, g, 1.0)[:, g.shape[1] // 2, :])
-        c_true = post.cosmology(jnp.asarray(post.theta_of(obs.truth), g.jdtype))
+        from fli.infer.map import truth_cosmology  # noqa: PLC0415
+
+        c_true = truth_cosmology(post, obs)
         slices = (process_allgather(lin(c_true, obs.white_noise.astype(g.jdtype))),
                   process_allgather(lin(post.cosmology(lat.theta), lat.s)))
         k_true = process_allgather(obs.kappa_true)

@@ -9,7 +9,7 @@ own blocks of the zarr field):
   resumes from the last complete one, also on another device layout, and refuses a directory
   made with another model config, naming the key;
 * ``loss_history.csv``: step, loss, gradient norm, evaluations, seconds, stage;
-* ``map_field.zarr``: the MAP white noise ``[nx, ny, nz]`` (read with :func:`fli.io.read_field`);
+* ``map_field.zarr``: the MAP white noise ``[nx, ny, nz]`` (:func:`load_map_field` reads it on any layout);
 * ``metrics.json`` (with a truth): r(k), T(k) and r_ell (:mod:`fli.infer.metrics`);
 * figures: ``loss.png``, ``kappa_maps.png``, ``residuals.png``, and with a truth
   ``transfer.png``, ``r_ell.png``, ``field_slices.png``;
@@ -163,6 +163,21 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
     return finish(cfg, run_dir, obs, post, data, run, theta_fixed, log, t_compile=t_compile, t_run=t_run)
 
 
+def load_map_field(run_dir, mesh=None):
+    """The MAP white noise of a fli-map run, sharded ``P('x','y')`` over ``mesh`` (each process
+    reading its blocks) or numpy without one."""
+    import zarr  # noqa: PLC0415
+
+    from fli.io import read_array  # noqa: PLC0415
+
+    return read_array(zarr.open_group(str(Path(run_dir) / FIELD_NAME), mode="r")["white_noise"], mesh)
+
+
+def truth_cosmology(post: Posterior, obs):
+    """The mock's true cosmology: its truth where given, the analysis' fixed values elsewhere."""
+    return post.base.replace(**{k: float(v) for k, v in obs.truth.items() if hasattr(post.base, k)})
+
+
 def _write_history(run_dir: Path, run: MapRun) -> None:
     h = history_array(run)
     lines = ["step,loss,grad_norm,evals,seconds,stage"]
@@ -267,7 +282,7 @@ def truth_metrics(post: Posterior, lat: Latents, obs, kappa) -> dict:
 
     g = post.fwd.grid
     c_map = post.cosmology(lat.theta)
-    c_true = post.cosmology(jnp.asarray(post.theta_of(obs.truth), g.jdtype))
+    c_true = truth_cosmology(post, obs)
     lin = jax.jit(lambda c, s: linear_field(c, s, g, 1.0))
     rec, tru = lin(c_map, lat.s), lin(c_true, obs.white_noise.astype(g.jdtype))
     return {"field": field_metrics(post.fwd, rec, tru),
