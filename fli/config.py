@@ -204,7 +204,7 @@ class MapConfig:
     schedule: str = "cosine"  # Adam: "constant" | "cosine" | "exponential" decay to lr * lr_final
     lr_final: float = 0.1
     lbfgs_memory: int = 10
-    tol: float = 1e-7  # stop when the relative change of the loss stays below tol for `patience` steps
+    tol: float = 1e-6  # stop when |relative loss change| < tol for `patience` steps (float32 round-off ~6e-8)
     patience: int = 5
     anneal: bool = False  # smooth the kappa residual, large to small scale, before the exact stage
     anneal_arcmin: list[float] = field(default_factory=lambda: [16.0, 8.0, 4.0, 2.0])
