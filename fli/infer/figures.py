@@ -77,7 +77,9 @@ def _imshow(ax, m, fov, title, vmin=None, vmax=None, cmap="viridis"):
 
 def kappa_panels(k_map, k_true, k_obs, fov, path: Path) -> Path:
     plt = _plt()
-    rows = [("observed", k_obs), ("MAP (noiseless)", k_map)] + ([("true (noiseless)", k_true)] if k_true is not None else [])
+    rows = [("observed", k_obs), ("MAP (noiseless)", k_map)]
+    if k_true is not None:
+        rows.append(("true (noiseless)", k_true))
     nb = k_map.shape[0]
     fig, axes = plt.subplots(len(rows), nb, figsize=(3.4 * nb, 3.0 * len(rows)), squeeze=False,
                              constrained_layout=True)

@@ -42,7 +42,8 @@ FIELD_NAME = "map_field.zarr"
 MAY_CHANGE = ("inference.map.steps", "inference.map.tol", "inference.map.patience",
               "inference.map.checkpoint_every", "inference.map.laplace", "inference.map.cg_tol",
               "inference.map.cg_maxiter", "inference.map.compare_truth", "inference.num_warmup",
-              "inference.num_samples", "inference.max_tree_depth", "inference.chunk", "run_dir", "progress", "compilation_cache",
+              "inference.num_samples", "inference.max_tree_depth", "inference.chunk", "run_dir", "progress",
+              "compilation_cache",
               "distributed", "name")
 
 JOINT_MAP_NOTE = (
