@@ -33,6 +33,7 @@ def small_map(small_mock, tmp_path_factory):
     return run
 
 
+@pytest.mark.slow  # the MAP with its Laplace step: minutes on 2 cores
 def test_map_writes_its_outputs(small_map):
     out = json.loads((small_map / "map.json").read_text())
     for name in ("config.yaml", "loss_history.csv", "metrics.json", "loss.png", "kappa_maps.png",
@@ -115,6 +116,7 @@ def test_truth_metrics_need_a_truth(small_mock, tmp_path, capsys):
     assert not run.exists()
 
 
+@pytest.mark.slow  # the MAP with its Laplace step: minutes on 2 cores
 def test_resuming_with_another_model_config_is_refused(small_mock, small_map, tmp_path, capsys):
     run = tmp_path / "again"
     shutil.copytree(small_map, run)
