@@ -20,7 +20,8 @@ derivative is wrong: the VJP applies the same copy again instead of its transpos
 therefore (a) wraps locally along mesh axes of size 1, (b) builds the paint fold (the transpose
 of the copy) from the copy itself by placing each spilled region where the copy will deliver
 it to the right neighbour (one z-stacked channel per group of non-overlapping regions), and
-(c) gives both the copy and the fold a ``custom_vjp`` whose backward pass is the other one.
+(c) declares the copy and the fold linear maps that are each other's transpose
+(``linear_call``), which forward and reverse mode differentiate to any order.
 Both exchanges give the same fields and gradients (tested on every layout). For a paint the
 jaxdecomp one moves 3x the halo data on a pencil mesh (one channel each for x edges, y edges
 and corners; 8 channels when a block is narrower than 2 * halo; 1 on a slab mesh); it is kept
@@ -37,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import linear_call
 from jax.sharding import Mesh
 
 from fli.sharding import FIELD_SPEC, mesh_pdims
@@ -217,19 +219,28 @@ def _jd_fold_impl(p: Array, mesh: Mesh, halo: int, bx: int, by: int) -> Array:
 
 @functools.lru_cache(maxsize=None)
 def jaxdecomp_ops(mesh: Mesh, halo: int, bx: int, by: int):
-    """``(E, E^T)`` on padded global arrays, each with the other as its VJP."""
+    """``(E, E^T)`` on padded global arrays, each declared the transpose of the other.
 
-    @jax.custom_vjp
-    def exchange(x):
+    Both are linear maps with a custom transpose (``jax.custom_derivatives.linear_call``): the
+    derivative of a linear map is the map itself, so forward mode applies E (E^T) to the
+    tangent and reverse mode applies E^T (E) to the cotangent, to any order and in any
+    combination (Hessian-vector products either way); jaxdecomp's own (wrong) derivative is
+    never used.
+    """
+
+    def copy(_, x):
         return _jd_raw_exchange(x, halo)
 
-    @jax.custom_vjp
-    def fold(x):
+    def fold(_, x):
         return _jd_fold_impl(x, mesh, halo, bx, by)
 
-    exchange.defvjp(lambda x: (exchange(x), None), lambda _, g: (fold(g),))
-    fold.defvjp(lambda x: (fold(x), None), lambda _, g: (exchange(g),))
-    return exchange, fold
+    def exchange(x):
+        return linear_call(copy, fold, (), x)
+
+    def fold_op(x):
+        return linear_call(fold, copy, (), x)
+
+    return exchange, fold_op
 
 
 def wrap_pad_local(x: Array, halo: int, pdims: tuple[int, int]) -> Array:

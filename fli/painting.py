@@ -24,14 +24,20 @@ Halo. Each device paints into its block padded by ``halo`` cells on both sides i
 
 Exchanges between neighbouring devices are in :mod:`fli.halo`.
 
-Gradients. The local deposit and interpolation have hand-written VJPs (``jax.custom_vjp``):
-the gradient with respect to ``disp``, ``weight`` and the field(s) is exact (the derivative of
-the piecewise-multilinear CIC weights, 0 across the clip); on XLA CPU at 128^3 the paint's
-backward pass took 0.12 s instead of 1.3-2.4 s with autodiff of the scatter (whose transposes
-reduce over the 8 corners next to a gather, a pattern XLA CPU runs slowly), the read's about
-0.6 s instead of 0.9 s. Consequence: reverse mode only (``grad``, ``vjp``);
-forward mode (``jvp``, ``jacfwd``) through :func:`cic_paint` / :func:`cic_read` is not
-supported.
+Gradients. The local deposit and interpolation are ``jax.custom_jvp`` functions whose
+tangents are written out so that reverse mode transposes them into one gather plus elementwise
+terms (paint) and one gather plus one scatter per slab of particles (read): the form of the
+hand-written VJPs they replaced, which on XLA CPU at 128^3 took 0.12 s for the paint's
+backward pass instead of 1.3-2.4 s with autodiff of the scatter (whose transposes reduce over
+the 8 corners next to a gather, a pattern XLA CPU runs slowly), and 0.6 s instead of 0.9 s for
+the read's; the transposed tangents time the same as those VJPs (docs/benchmarks.md).
+The derivatives with respect to ``disp``,
+``weight`` and the field(s) are exact (the derivative of the piecewise-multilinear CIC
+weights, 0 across the clip; on a cell edge the one-sided value). Every mode works and composes:
+``grad``/``vjp``, ``jvp``/``jacfwd``, and second derivatives such as Hessian-vector products
+forward-over-reverse (``jvp`` of ``grad``) or reverse-over-reverse (``grad`` of ``<grad, v>``).
+CIC is multilinear within a cell, so second derivatives with respect to the positions are
+those of the multilinear pieces (the first derivative jumps at cell edges).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -136,13 +143,14 @@ def _stencil(disp: Array, halo: int):
     """CIC stencil of the local particles ``disp`` ``[bx, by, nz, 3]`` (cells).
 
     Returns ``idx`` int32 ``[bx, by, nz, 8]``, flat indices of the 8 corners into the padded
-    block ``[bx+2h, by+2h, nz]`` (C order, corner ``k = 4a + 2b + c``); ``wx, wy, wz``, pairs
-    of 1D weights (``w_k = wx[a] * wy[b] * wz[c]``); and ``mx, my``, 1 where the x (y)
-    position was not clipped onto the padded block, else 0 (the derivative there is 0).
+    block ``[bx+2h, by+2h, nz]`` (C order, corner ``k = 4a + 2b + c``), and ``frac``
+    ``[bx, by, nz, 3]``, the fractional positions (``w_k = wx[a] wy[b] wz[c]`` with
+    ``w.[1] = frac``, ``w.[0] = 1 - frac``). ``frac`` is differentiable: its derivative with
+    respect to ``disp`` is 1, except 0 along an x or y clipped onto the padded block.
     """
     bx, by, nz = disp.shape[:3]
     big_x, big_y = bx + 2 * halo, by + 2 * halo
-    base = jnp.floor(disp)
+    base = jnp.floor(disp)  # derivative 0: frac's derivative is disp's
     frac = disp - base  # in [0, 1)
     cell = base.astype(jnp.int32)
     shape = (bx, by, nz)
@@ -157,8 +165,6 @@ def _stencil(disp: Array, halo: int):
     lo_y, hi_y = j0 < 0, j0 > big_y - 2
     fx = jnp.where(lo_x, 0.0, jnp.where(hi_x, 1.0, fx))
     fy = jnp.where(lo_y, 0.0, jnp.where(hi_y, 1.0, fy))
-    mx = jnp.where(lo_x | hi_x, 0.0, 1.0).astype(disp.dtype)
-    my = jnp.where(lo_y | hi_y, 0.0, 1.0).astype(disp.dtype)
     i0 = jnp.clip(i0, 0, big_x - 2)
     j0 = jnp.clip(j0, 0, big_y - 2)
     k0 = jnp.remainder(k0, nz)
@@ -168,28 +174,20 @@ def _stencil(disp: Array, halo: int):
     iy = jnp.stack([j0, j0 + 1], -1)
     iz = jnp.stack([k0, k1], -1)
     idx = (ix[..., :, None, None] * big_y + iy[..., None, :, None]) * nz + iz[..., None, None, :]
-    wx, wy, wz = (1.0 - fx, fx), (1.0 - fy, fy), (1.0 - fz, fz)
-    return idx.reshape(shape + (8,)), (wx, wy, wz), (mx, my)
+    return idx.reshape(shape + (8,)), jnp.stack([fx, fy, fz], -1)
 
 
 class Stencil(NamedTuple):
     """CIC stencil of the local particles, computed once and shared (see :func:`cic_stencil`).
 
     Per particle ``[..., k]``: ``idx`` int32 ``[..., 8]`` flat indices of the 8 corners into the
-    padded block (corner ``k = 4a + 2b + c``); ``w`` ``[..., 8]`` their weights; ``frac``
-    ``[..., 3]`` the fractional positions (after clipping) from which the weight derivatives
-    follow; ``mask`` ``[..., 2]``, 1 where x (y) was not clipped onto the padded block.
+    padded block (corner ``k = 4a + 2b + c``); ``frac`` ``[..., 3]`` the fractional positions
+    (after clipping), from which the weights follow. ``frac`` carries the derivative with
+    respect to the positions: the paint and the read are differentiated through it.
     """
 
     idx: Array
-    w: Array
     frac: Array
-    mask: Array
-
-    def pairs(self):
-        """``((wx0, wx1), (wy0, wy1), (wz0, wz1)), (mx, my)``: the 1D weights and masks."""
-        f = [self.frac[..., i] for i in range(3)]
-        return tuple((1.0 - x, x) for x in f), (self.mask[..., 0], self.mask[..., 1])
 
     def rows(self, x0, n: int) -> Stencil:
         return Stencil(*(lax.dynamic_slice_in_dim(a, x0, n, 0) for a in self))
@@ -203,13 +201,11 @@ def _local_stencil(disp: Array, halo: int) -> Stencil:
     kernel that used it, when XLA fused and recomputed it in every consumer (paint, read and
     both adjoints: four times per backward step); the scatters themselves took 7 ms. The
     barrier stops that fusion; the adjoints take the stencil as a residual. PM force plus its
-    VJP: 1.65 -> 1.23 s for three, interleaved in one process.
+    VJP: 1.65 -> 1.23 s for three, interleaved in one process. The corner weights are formed
+    from ``frac`` in each kernel (a few products per particle, fused into its consumer): the
+    kernels need them as differentiable functions of the positions.
     """
-    idx, (wx, wy, wz), (mx, my) = _stencil(disp, halo)
-    st = Stencil(idx, _corner_weights(wx, wy, wz), jnp.stack([wx[1], wy[1], wz[1]], -1), jnp.stack([mx, my], -1))
-    # gradients reach disp through the kernels' own ``disp`` argument: none flows through here
-    # (else reverse mode builds, and moves through shard_map, zero [N, 8] cotangents)
-    return Stencil(*lax.optimization_barrier(tuple(lax.stop_gradient(a) for a in st)))
+    return Stencil(*lax.optimization_barrier(_stencil(disp, halo)))
 
 
 # The read's adjoint loops over slabs of whole x rows of about this many particles, so that its
@@ -245,65 +241,120 @@ def _corner_weights(wx, wy, wz) -> Array:
     return (px * py * pz).reshape(px.shape[:-3] + (8,))
 
 
-def _weight_grads(g: list, wx, wy, wz):
-    """Given ``g[k] = dL/dw_k`` (8 arrays), return ``dL/dfx, dL/dfy, dL/dfz`` (elementwise,
-    unrolled: on CPU XLA makes reductions over a size-8 axis next to a gather very slow)."""
-    gx = gy = gz = 0.0
+# --------------------------------------------------------------------------- local kernels
+#
+# The local deposit and interpolation are ``jax.custom_jvp`` functions of the stencil's
+# fractional positions ``st.frac`` (which carry the derivative with respect to the
+# positions) and of the masses / field. Their tangents are written out, linear in the input
+# tangents, so that reverse mode transposes them into what hand-written VJPs would be: one
+# gather plus elementwise terms (paint), one gather plus one scatter per slab of particles
+# (read). Plain autodiff is correct too but, on XLA CPU, its transposes of the broadcast
+# weight products (reductions over the 8 corners fused with gathers) ran up to 10-20x slower.
+#
+# Second derivatives (Hessian-vector products, forward-over-reverse or reverse-over-reverse)
+# differentiate these rules again: they are ordinary JAX in the primal inputs. They also
+# differentiate the primal implementations themselves, because JAX drops a custom JVP rule
+# where it partially evaluates a loop body (``lax.scan``: the PM steps) and differentiates
+# the primal there. So each primal here is correct under plain autodiff too (no
+# stop_gradient on what it depends on); the rules only make first derivatives fast.
+# CIC is multilinear within a cell: all derivatives are exact except on cell edges, where
+# the first derivative jumps (one side's value is used).
+
+
+def _pairs(frac: Array):
+    """The 1D weights ``((1 - fx, fx), (1 - fy, fy), (1 - fz, fz))`` of ``frac`` ``[..., 3]``."""
+    return tuple((1.0 - frac[..., i], frac[..., i]) for i in range(3))
+
+
+def _weights(frac: Array) -> Array:
+    """``[..., 8]`` CIC corner weights of the fractional positions ``frac`` ``[..., 3]``."""
+    return _corner_weights(*_pairs(frac))
+
+
+def _weight_tangents(pairs, t: Array) -> list:
+    """Tangents of the 8 corner weights ``w_k = wx[a] wy[b] wz[c]`` (``k = 4a + 2b + c``) for
+    the tangent ``t`` ``[..., 3]`` of the fractional position: a list of 8 arrays.
+
+    One product per axis and pair of corners, e.g. ``q = wy[b] wz[c] tx`` added to
+    ``w_(1,b,c)`` and subtracted from ``w_(0,b,c)``, so that the transpose reverse mode derives
+    is ``sum_bc wy[b] wz[c] (g_(1,b,c) - g_(0,b,c))``: elementwise and unrolled.
+    """
+    (wx, wy, wz), (tx, ty, tz) = pairs, (t[..., 0], t[..., 1], t[..., 2])
+    tw: list = [None] * 8
+
+    def put(k, q, sign):
+        if tw[k] is None:
+            tw[k] = q if sign > 0 else -q
+        else:
+            tw[k] = tw[k] + q if sign > 0 else tw[k] - q
+
     for b in (0, 1):
         for c in (0, 1):
-            gx = gx + wy[b] * wz[c] * (g[4 + 2 * b + c] - g[2 * b + c])
+            q = wy[b] * wz[c] * tx
+            put(4 + 2 * b + c, q, +1)
+            put(2 * b + c, q, -1)
     for a in (0, 1):
         for c in (0, 1):
-            gy = gy + wx[a] * wz[c] * (g[4 * a + 2 + c] - g[4 * a + c])
+            q = wx[a] * wz[c] * ty
+            put(4 * a + 2 + c, q, +1)
+            put(4 * a + c, q, -1)
     for a in (0, 1):
         for b in (0, 1):
-            gz = gz + wx[a] * wy[b] * (g[4 * a + 2 * b + 1] - g[4 * a + 2 * b])
-    return gx, gy, gz
+            q = wx[a] * wy[b] * tz
+            put(4 * a + 2 * b + 1, q, +1)
+            put(4 * a + 2 * b, q, -1)
+    return tw
 
 
-# Local kernels with hand-written VJPs. Plain autodiff of the scatter/gather is correct but, on
-# XLA CPU, its transposes (reductions over the 8 corners fused with gathers) ran up to 10-20x
-# slower than these backward passes, which are one gather plus elementwise terms (paint) and
-# one gather plus one scatter (read). ``disp`` is an input only for its cotangent: the kernels
-# use the stencil ``st`` computed from it (whose own cotangent is None).
+def _nonzero(t):
+    return None if t is None or isinstance(t, SymbolicZero) else t
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _deposit(disp: Array, weight: Array | None, st: Stencil, size: int) -> Array:
-    """CIC deposit of the local particles into the flat padded block of ``size`` cells, ONE
-    scatter-add."""
-    w = st.w if weight is None else st.w * weight.astype(st.w.dtype)[..., None]
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _deposit(weight: Array | None, st: Stencil, size: int) -> Array:
+    """CIC deposit of the local particles (stencil ``st``) into the flat padded block of
+    ``size`` cells, ONE scatter-add."""
+    w = _weights(st.frac)
+    if weight is not None:
+        w = w * weight.astype(w.dtype)[..., None]
     return jnp.zeros((size,), w.dtype).at[st.idx.reshape(-1)].add(w.reshape(-1), mode="promise_in_bounds")
 
 
-def _deposit_fwd(disp, weight, st, size):
-    return _deposit(disp, weight, st, size), (weight, st)
+def _deposit_tangent(weight, st, t_weight, t_frac, *, size):
+    """Tangent of :func:`_deposit`, linear in ``t_weight`` and ``t_frac`` (None: zero): one
+    scatter-add of the weights' tangents. Transposed: one gather of the cotangent at the
+    corners and elementwise products."""
+    dt = st.frac.dtype
+    upd = None
+    if t_frac is not None:
+        tw = jnp.stack(_weight_tangents(_pairs(st.frac), t_frac), -1)
+        upd = tw if weight is None else tw * weight.astype(dt)[..., None]
+    if t_weight is not None:
+        w, tm = _weights(st.frac), t_weight.astype(dt)
+        uw = jnp.stack([w[..., k] * tm for k in range(8)], -1)  # transposes to an unrolled sum
+        upd = uw if upd is None else upd + uw
+    return jnp.zeros((size,), dt).at[st.idx.reshape(-1)].add(upd.reshape(-1), mode="promise_in_bounds")
 
 
-def _deposit_bwd(size, res, ct):
-    weight, st = res
-    (wx, wy, wz), (mx, my) = st.pairs()
-    dt = st.w.dtype
-    g = ct.astype(dt).at[st.idx].get(mode="promise_in_bounds")  # [bx, by, nz, 8]
-    gk = [g[..., k] for k in range(8)]
-    gx, gy, gz = _weight_grads(gk, wx, wy, wz)
-    m = 1.0 if weight is None else weight.astype(dt)
-    g_disp = jnp.stack([gx * mx * m, gy * my * m, gz * m], -1)
-    if weight is None:
-        return g_disp, None, None
-    g_w = sum(gk[k] * st.w[..., k] for k in range(8))
-    return g_disp, g_w.astype(weight.dtype), None
+@functools.partial(_deposit.defjvp, symbolic_zeros=True)
+def _deposit_jvp(size, primals, tangents):
+    weight, st = primals
+    t_weight, t_frac = _nonzero(tangents[0]), _nonzero(tangents[1].frac)  # idx: no tangent
+    out = _deposit(weight, st, size)
+    if t_weight is None and t_frac is None:
+        return out, jnp.zeros_like(out)
+    # checkpointed: reverse mode keeps the inputs only (no [N, 8] products) and recomputes
+    # the weights next to its gather
+    tangent = jax.checkpoint(functools.partial(_deposit_tangent, size=size))
+    return out, tangent(weight, st, t_weight, t_frac)
 
 
-_deposit.defvjp(_deposit_fwd, _deposit_bwd)
-
-
-@jax.custom_vjp
-def _interp(flat: Array, disp: Array, st: Stencil) -> Array:
-    """CIC interpolation of the flat padded block ``[M, C]`` at the local particles: ONE gather
-    of the 8 corners for all C components; returns ``[bx, by, nz, C]``."""
-    dtype = jnp.result_type(flat.dtype, st.w.dtype)
-    w = st.w.astype(dtype)
+@jax.custom_jvp
+def _interp(flat: Array, st: Stencil) -> Array:
+    """CIC interpolation of the flat padded block ``[M, C]`` at the local particles (stencil
+    ``st``): ONE gather of the 8 corners for all C components; returns ``[bx, by, nz, C]``."""
+    dtype = jnp.result_type(flat.dtype, st.frac.dtype)
+    w = _weights(st.frac).astype(dtype)
     vals = flat.at[st.idx].get(mode="promise_in_bounds").astype(dtype)  # [bx, by, nz, 8, C]
     out = vals[..., 0, :] * w[..., 0, None]
     for k in range(1, 8):  # unrolled: much faster on CPU than a sum over the corner axis
@@ -311,45 +362,60 @@ def _interp(flat: Array, disp: Array, st: Stencil) -> Array:
     return out
 
 
-def _interp_fwd(flat, disp, st):
-    return _interp(flat, disp, st), (flat, st)
-
-
-def _interp_bwd(res, ct):
-    flat, st = res
-    disp_dtype = st.frac.dtype  # computed from disp
+def _interp_tangent(flat, st, t_flat, t_frac):
+    """Tangent of :func:`_interp` ``[bx, by, nz, C]``, linear in ``t_flat`` and ``t_frac``
+    (None: zero), over slabs of whole x rows (:data:`CHUNK_PARTICLES`). Transposed, a slab is
+    one scatter-add of ``w_k ct`` into the field's cotangent and one gather of the field for
+    the positions' cotangent. Each slab is checkpointed: reverse mode keeps the inputs only
+    and recomputes the slab's gathers and weights, so its ``[N, 8, C]`` temporaries never
+    exist for the whole block. The slabs are the scanned axis of the stencil, ``t_frac`` and
+    the output (not slices of a loop carry), so that the transposed loop touches each slab's
+    cotangent only."""
+    dtype = jnp.result_type(flat.dtype, st.frac.dtype)
     ncomp = flat.shape[-1]
     bx, by, nz = st.idx.shape[:3]
     rows = _rows_per_slab(bx, by, nz)
 
-    def slab(x0, carry):
-        g_flat, g_disp = carry
-        s = st.rows(x0, rows)
-        c = lax.dynamic_slice_in_dim(ct, x0, rows, 0)
-        (wx, wy, wz), (mx, my) = s.pairs()
-        # field: the transpose of the gather, ONE scatter-add of w_k * ct
-        w = s.w.astype(ct.dtype)
-        g_flat = g_flat.at[s.idx].add(w[..., None] * c[..., None, :], mode="promise_in_bounds")
-        # positions: dL/dw_k = sum_c ct_c * f_c(corner k)
-        vals = flat.at[s.idx].get(mode="promise_in_bounds").astype(ct.dtype)
-        gk = []
-        for k in range(8):
-            acc = vals[..., k, 0] * c[..., 0]
-            for q in range(1, ncomp):
-                acc = acc + vals[..., k, q] * c[..., q]
-            gk.append(acc)
-        gx, gy, gz = _weight_grads(gk, wx, wy, wz)
-        return g_flat, _put_rows(g_disp, jnp.stack([gx * mx, gy * my, gz], -1), x0)
+    @jax.checkpoint
+    def slab(flat, t_flat, s, tf):
+        acc = None
+        if t_flat is not None:  # the field's tangent read at the particles
+            w = _weights(s.frac).astype(dtype)
+            tv = t_flat.at[s.idx].get(mode="promise_in_bounds").astype(dtype)  # [rows, by, nz, 8, C]
+            acc = jnp.sum(tv * w[..., None], axis=-2)  # transposes to a broadcast
+        if tf is not None:  # the weights' tangents times the field at the corners
+            tw = _weight_tangents(_pairs(s.frac), tf)
+            vals = flat.at[s.idx].get(mode="promise_in_bounds").astype(dtype)
+            comps = []
+            for q in range(ncomp):  # unrolled over corners and components: no reductions
+                c = vals[..., 0, q] * tw[0].astype(dtype)
+                for k in range(1, 8):
+                    c = c + vals[..., k, q] * tw[k].astype(dtype)
+                comps.append(c)
+            a = jnp.stack(comps, -1)
+            acc = a if acc is None else acc + a
+        return acc
 
-    init = (_zeros(flat.shape, ct.dtype, ct), _zeros((bx, by, nz, 3), disp_dtype, ct))
     if rows == bx:
-        g_flat, g_disp = slab(0, init)
-    else:
-        g_flat, g_disp = lax.fori_loop(0, bx // rows, lambda i, c: slab(i * rows, c), init)
-    return g_flat.astype(flat.dtype), g_disp, None
+        return slab(flat, t_flat, st, t_frac)
+    n = bx // rows
+
+    def split(x):  # [bx, ...] -> [n, rows, ...]: contiguous, free
+        return None if x is None else x.reshape((n, rows) + x.shape[1:])
+
+    xs = (Stencil(*(split(a) for a in st)), split(t_frac))
+    _, out = lax.scan(lambda c, x: (c, slab(flat, t_flat, *x)), None, xs)
+    return out.reshape((bx,) + out.shape[2:])
 
 
-_interp.defvjp(_interp_fwd, _interp_bwd)
+@functools.partial(_interp.defjvp, symbolic_zeros=True)
+def _interp_jvp(primals, tangents):
+    flat, st = primals
+    t_flat, t_frac = _nonzero(tangents[0]), _nonzero(tangents[1].frac)  # idx: no tangent
+    out = _interp(flat, st)
+    if t_flat is None and t_frac is None:
+        return out, jnp.zeros_like(out)
+    return out, _interp_tangent(flat, st, t_flat, t_frac)
 
 
 def _padded_size(disp: Array, halo: int) -> int:
@@ -361,14 +427,14 @@ def _paint_padded(disp: Array, weight: Array | None, halo: int, st: Stencil | No
     """Local CIC deposit into the padded block ``[bx+2h, by+2h, nz]`` with ONE scatter-add."""
     bx, by, nz = disp.shape[:3]
     st = _local_stencil(disp, halo) if st is None else st
-    return _deposit(disp, weight, st, _padded_size(disp, halo)).reshape(bx + 2 * halo, by + 2 * halo, nz)
+    return _deposit(weight, st, _padded_size(disp, halo)).reshape(bx + 2 * halo, by + 2 * halo, nz)
 
 
 def _read_padded(padded: Array, disp: Array, halo: int, st: Stencil | None = None) -> Array:
     """Interpolate the padded local block ``[bx+2h, by+2h, nz, C]`` at the particles;
     returns ``[bx, by, nz, C]``."""
     st = _local_stencil(disp, halo) if st is None else st
-    return _interp(padded.reshape(-1, padded.shape[-1]), disp, st)
+    return _interp(padded.reshape(-1, padded.shape[-1]), st)
 
 
 # --------------------------------------------------------------------------- paint / read
