@@ -98,7 +98,7 @@ def residual_maps(k_obs, k_map, w, fov, path: Path) -> Path:
     for b in range(nb):
         r = (k_obs[b] - k_map[b]) * w[b]
         n = max(int(np.sum(w[b] > 0)), 1)
-        im = _imshow(axes[0, b], r, fov, f"bin {b}: (obs - MAP)/sigma, chi2/pix {np.sum(r ** 2) / n:.2f}", -3, 3,
+        im = _imshow(axes[0, b], r, fov, f"bin {b}: (obs - MAP) / sigma\nchi2 per pixel {np.sum(r ** 2) / n:.2f}", -3, 3,
                      "RdBu_r")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="residual / noise")
     return _save(fig, path)
