@@ -11,6 +11,8 @@ of one JSON object per configuration.
 ``--mesh``, ``--steps``, ``--pdims`` and ``--adjoint`` take comma-separated lists; every
 combination is run. The FFT floor is one forward and three inverse FFTs of the same mesh on the
 same devices (the FFT work of one PM step); ``step/floor`` is the PM step time over it.
+
+The full posterior's value and gradient against this PM gradient: scripts/benchmark_posterior.py.
 """
 
 from __future__ import annotations
