@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 from fli import painting
 from fli.cosmology import planck18
 from fli.grid import Grid
-from fli.nbody import density, initial_state, nbody, pm_force, simulate
+from fli.nbody import density, initial_state, nbody, pm_force
 from fli.painting import cic_paint, cic_read
 from fli.sharding import make_mesh, white_noise
 
