@@ -221,20 +221,6 @@ def _rows_per_slab(bx: int, by: int, nz: int) -> int:
     return max(r for r in range(1, bx + 1) if bx % r == 0 and (r == 1 or r * by * nz <= CHUNK_PARTICLES))
 
 
-def _zeros(shape, dtype, like: Array) -> Array:
-    """Zeros that vary over the same manual mesh axes as ``like``: inside ``shard_map`` a loop
-    carry must keep its type, and these accumulate per-device values."""
-    z = jnp.zeros(shape, dtype)
-    aval = jax.typeof(like)
-    mat = getattr(aval, "mat", None)  # jax 0.10: ManualAxisType; earlier releases: aval.vma
-    varying = mat.varying if mat is not None else getattr(aval, "vma", frozenset())
-    return lax.pcast(z, tuple(sorted(varying)), to="varying") if varying else z
-
-
-def _put_rows(out: Array, value: Array, x0) -> Array:
-    return lax.dynamic_update_slice_in_dim(out, value.astype(out.dtype), x0, 0)
-
-
 def _corner_weights(wx, wy, wz) -> Array:
     """``[..., 8]`` products ``wx[a] * wy[b] * wz[c]`` (broadcast form: fastest forward)."""
     px = jnp.stack(wx, -1)[..., :, None, None]
