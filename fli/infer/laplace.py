@@ -27,11 +27,11 @@ all-reduce). Two Hessians are offered: the exact one, and the Gauss-Newton one
 
 Derivatives (``ad``). ``"forward"`` is forward-over-reverse (``jax.jvp`` of ``jax.grad``;
 Gauss-Newton: ``jax.jvp`` of ``r`` then ``jax.vjp``). JAX cannot apply forward mode to a
-``jax.custom_vjp`` function whose rules call a ``custom_vjp`` primal (``fli.painting``'s
-forward rules call the deposit and interpolation they define, so the PM model is one):
-``"reverse"`` is reverse-over-reverse (``jax.grad`` of
-``<grad U, v>``; Gauss-Newton: ``J v`` as the transpose of the linear map ``u -> J^T u``),
-which works through them. ``"auto"`` (the default) tries the forward one and takes the
+``jax.custom_vjp`` function; the PM model's painting and halo exchanges are custom JVPs and
+linear maps now, so forward-over-reverse works through both of ``fli.nbody``'s adjoints
+(tests/test_second_order.py). ``"reverse"`` is reverse-over-reverse (``jax.grad`` of
+``<grad U, v>``; Gauss-Newton: ``J v`` as the transpose of the linear map ``u -> J^T u``).
+``"auto"`` (the default) tries the forward one and takes the
 reverse one if JAX refuses forward mode on a ``custom_vjp`` (it does so while lowering).
 
 Entry points: :func:`cg` (pytree CG), :func:`exact_hvp`, :func:`gauss_newton_hvp`,
