@@ -1,0 +1,104 @@
+"""Run directories shared by every process, and taking back what Hydra wrote for a refused run.
+
+Hydra creates a run's directory and its ``.hydra/`` before the task function runs; a body that
+then refuses its config (``ConfigError``) must leave nothing behind, so :func:`undo` removes
+what Hydra wrote, from what :class:`Before` recorded, and keeps whatever the body wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fli.config import ConfigError
+
+
+def agree(values: list) -> list:
+    """Process 0's ``values`` (JSON-able) on every process; the values themselves for one process."""
+    import jax  # noqa: PLC0415
+
+    if jax.process_count() == 1:
+        return values
+    import numpy as np  # noqa: PLC0415
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+
+    raw = json.dumps(values).encode()
+    size = 1 << 16
+    if len(raw) > size - 4:
+        raise ConfigError(f"run directories too long to share between processes ({len(raw)} bytes)")
+    buf = np.zeros(size, np.uint8)  # uint8: no int64 without jax_enable_x64
+    buf[:4] = np.frombuffer(len(raw).to_bytes(4, "little"), np.uint8)
+    buf[4:4 + len(raw)] = np.frombuffer(raw, np.uint8)
+    buf = np.asarray(multihost_utils.broadcast_one_to_all(buf), np.uint8)
+    n = int.from_bytes(buf[:4].tobytes(), "little")
+    return json.loads(buf[4:4 + n].tobytes().decode())
+
+
+@dataclass
+class Before:
+    """What a run directory held before Hydra wrote into it, to undo that after a refusal."""
+
+    existed: bool
+    hydra_files: dict[str, bytes] | None = None  # its .hydra/ (name -> bytes); None: not known
+    new_parents: list[Path] = field(default_factory=list)  # ancestors this run creates, deepest first
+
+    @classmethod
+    def of(cls, path: Path, subdir: str | None) -> Before:
+        new_parents, p = [], path.absolute().parent
+        while not p.exists():
+            new_parents.append(p)
+            p = p.parent
+        if not path.exists():
+            return cls(False, None, new_parents)  # None: .hydra/ goes only if the body wrote nothing
+        files = {}
+        if subdir is not None and (path / subdir).is_dir():
+            files = {f.name: f.read_bytes() for f in (path / subdir).iterdir() if f.is_file()}
+        return cls(True, files, new_parents)
+
+
+def undo(path: Path, before: Before, subdir: str | None, rank0: bool) -> None:
+    """Take back what Hydra wrote for a run its body refused: its ``.hydra/`` (restored where it
+    was there before), and the directory and its parents where this run made them and they are
+    empty. What the body itself wrote stays."""
+    hydra_dir = path / subdir if subdir is not None else None
+    if hydra_dir is not None and rank0:
+        others = [p for p in path.iterdir() if p.name != subdir] if path.is_dir() else []
+        if before.hydra_files is not None:
+            if hydra_dir.is_dir():
+                for f in hydra_dir.iterdir():
+                    if f.is_file() and f.name not in before.hydra_files:
+                        f.unlink()
+            if before.hydra_files:
+                hydra_dir.mkdir(exist_ok=True)
+                for name, data in before.hydra_files.items():
+                    (hydra_dir / name).write_bytes(data)
+            else:
+                _rmdir(hydra_dir)
+        elif not others:
+            shutil.rmtree(hydra_dir, ignore_errors=True)
+    if not before.existed:
+        for p in [path, *before.new_parents]:
+            if not _rmdir(p):
+                break
+
+
+def _rmdir(p: Path) -> bool:
+    try:
+        p.rmdir()  # only if empty
+        return True
+    except OSError:
+        return not p.exists()
+
+
+def quote(path: str) -> str:
+    """``path`` as a quoted value of a Hydra override (backslashes escaped only before a quote)."""
+    s = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", path)
+    s = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, s)
+    return f"'{s}'"
+
+
+def drop_keys(overrides: list[str], keys: tuple[str, ...]) -> list[str]:
+    return [o for o in overrides if o.split("=", 1)[0].lstrip("+") not in keys]
