@@ -162,15 +162,17 @@ def test_posterior_gradient_matches_finite_differences_in_float64():
         (_, _), g = post.value_and_grad()(lat, data)
         f = jax.jit(post.potential)
         v = white_noise(9, post.fwd.grid.shape, post.fwd.grid.mesh, dtype=jnp.float64)
-        # central differences in float64, round-off ~1e-16 |U| / eps ~ 1e-8. The step is small because
-        # CIC is piecewise linear in the positions: a step in theta moves every particle, and with
-        # eps = 1e-5 enough of them cross cell edges to shift the difference by 3% (measured);
-        # at 1e-6 it agrees with the gradient to 4e-7
+        # central differences in float64, round-off ~1e-16 |U| / eps. The steps are small because
+        # CIC is piecewise linear in the positions: a step that carries a particle across a cell
+        # edge shifts the difference. Measured (theta): 3% at 1e-5, 4e-7 at 1e-6, and round-off
+        # takes over below (2e-6 at 1e-7 on dU/dOmega_c ~ 0.06). Along s (g.v ~ -58) the difference
+        # is 3e-4 off at 1e-6 (one crossing), 2e-8 at 1e-7 and 2e-7 at 1e-8, so s takes 1e-7
         eps = 1e-6
         for i in range(post.prior.n):
             e = jnp.zeros(post.prior.n).at[i].set(eps)
             fd = (f(Latents(lat.theta + e, lat.s), data) - f(Latents(lat.theta - e, lat.s), data)) / (2 * eps)
             assert float(g.theta[i]) == pytest.approx(float(fd), rel=1e-5)
+        eps = 1e-7
         fd = (f(Latents(lat.theta, lat.s + eps * v), data) - f(Latents(lat.theta, lat.s - eps * v), data)) / (2 * eps)
         assert float(jnp.sum(g.s * v)) == pytest.approx(float(fd), rel=1e-5)
 
