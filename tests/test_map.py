@@ -170,6 +170,7 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(small_mock, tm
     np.testing.assert_array_equal(ha[:, 1], hb[:, 1])  # the same loss at every step
 
 
+@pytest.mark.slow  # ~1.5 min on 2 cores
 def test_annealing_runs_its_stages_then_the_exact_likelihood(small_mock, tmp_path):
     run = tmp_path / "anneal"
     assert map_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", "inference.map.steps=14",

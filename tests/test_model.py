@@ -62,6 +62,7 @@ def test_flat_layout_round_trip(pdims):
     assert float(np.sum(np.asarray(lay.dummy_mask()))) == lay.n_dummies
 
 
+@pytest.mark.slow  # ~50 s on 2 cores
 def test_numpyro_model_is_the_same_posterior():
     """NumPyro's potential energy of the model = U on the flat layout + its constants."""
     from numpyro.infer.util import potential_energy
@@ -142,6 +143,7 @@ def test_log_density_and_gradient_agree_across_layouts(pdims, one_device_value_a
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow  # ~45 s on 2 cores; tests/test_multiprocess.py keeps a 2-process run in the default set
 def test_log_density_and_gradient_on_two_processes(tmp_path, one_device_value_and_grad):
     """2 processes x 2 CPU devices (gloo), pdims (2, 2), against one device in this process."""
     port, out = free_port(), tmp_path / "vg.npz"
@@ -154,6 +156,7 @@ def test_log_density_and_gradient_on_two_processes(tmp_path, one_device_value_an
     _assert_same_value_and_grad(float(got["u"]), got["g_theta"], got["g_s"], one_device_value_and_grad)
 
 
+@pytest.mark.slow  # ~45 s on 2 cores; FD of the PM and lensing gradients stay in the default set
 def test_posterior_gradient_matches_finite_differences_in_float64():
     """dU/dtheta for each sampled parameter and dU/ds along a white-noise direction: the
     finite differences recompute everything, the traced light cone included."""

@@ -36,6 +36,7 @@ def _run(pdims, adjoint="checkpoint", dtype="float32", shape=SHAPE, box=BOX, a_s
     return grid, st, density(st.disp, grid), maxd
 
 
+@pytest.mark.slow  # ~40 s on 2 cores; layout invariance of the mock stays in the default set
 def test_final_density_identical_on_every_layout():
     _, _, ref, _ = _run((1, 1))
     ref = np.asarray(ref)
@@ -91,7 +92,7 @@ def _loss_fn(grid, a_steps, adjoint):
     return loss
 
 
-@pytest.mark.parametrize("adjoint", ["checkpoint", "reversible"])
+@pytest.mark.parametrize("adjoint", [pytest.param("checkpoint", marks=pytest.mark.slow), "reversible"])
 def test_gradients_match_finite_differences(adjoint):
     with jax.enable_x64(True):
         shape, box = (8, 8, 12), (200.0, 200.0, 300.0)
@@ -114,6 +115,7 @@ def test_gradients_match_finite_differences(adjoint):
         np.testing.assert_allclose(float(jnp.sum(g_s * v)), float(fd_s), rtol=1e-4)
 
 
+@pytest.mark.slow  # ~1 min on 2 cores; the FD test of both adjoints stays in the default set
 def test_reversible_adjoint_matches_autodiff_float64():
     with jax.enable_x64(True):
         shape, box = (8, 8, 12), (200.0, 200.0, 300.0)
@@ -170,6 +172,7 @@ def _growth_ratios(seeds, force_correction):
     return np.array(out)  # [seed, bin]: k = 0.008, 0.014, 0.020, 0.026 h/Mpc
 
 
+@pytest.mark.slow  # ~40 s on 2 cores
 def test_pm_growth_large_scales_64():
     """The forward-model issue's growth target: 1 within 2% for k < 0.03 h/Mpc."""
     ratios = _growth_ratios(range(4), 0.25)
