@@ -231,17 +231,44 @@ class MapConfig:
                "positive smoothing scales [arcmin]", list(self.anneal_arcmin))
 
 
+INIT_REDRAWS = ("wiener", "none")
+# fli-nuts's keys, which fli-map ignores (a MAP run may resume with them changed)
+SAMPLER_KEYS = tuple(f"inference.{k}" for k in ("kernel", "num_warmup", "num_samples", "max_tree_depth", "num_steps",
+                                                "step_size", "target_accept", "chunk", "field_thin", "init_redraw",
+                                                "chains_per_run"))
+
+
 @dataclass
 class InferenceConfig:
+    """``fli-map`` (``map``) and ``fli-nuts`` (the rest): see docs/nuts.md."""
+
     map: MapConfig = field(default_factory=MapConfig)
-    num_warmup: int = 200
-    num_samples: int = 200
-    max_tree_depth: int = 6
-    chunk: int = 50
+    kernel: str = "nuts"  # "nuts" | "hmc" (NumPyro's kernels on the flat latent)
+    num_warmup: int = 200  # warm-up transitions: step size and diagonal mass matrix adapted
+    num_samples: int = 200  # draws after warm-up (may be raised to extend a run)
+    max_tree_depth: int = 6  # NUTS
+    num_steps: int = 16  # HMC: leapfrog steps per trajectory
+    step_size: float = 0.1  # the first step size (then dual averaging)
+    target_accept: float = 0.8  # dual averaging's target acceptance probability
+    chunk: int = 50  # draws per chunk: outputs and a checkpoint after each
+    field_thin: int = 50  # every field_thin-th draw's white noise and kappa to zarr; divides chunk
+    init_redraw: str = "wiener"  # init=<map dir>: redraw the modes the data leave free ("wiener" | "none")
+    chains_per_run: int = 1  # chains in one run (vectorised); only 1 today: use -m seed=... for more
 
     def __post_init__(self) -> None:
-        for k in ("num_warmup", "num_samples", "max_tree_depth", "chunk"):
+        for k in ("num_samples", "max_tree_depth", "num_steps", "chunk", "field_thin"):
             _check(getattr(self, k) >= 1, f"inference.{k}", ">= 1", getattr(self, k))
+        _check(self.num_warmup >= 0, "inference.num_warmup", ">= 0", self.num_warmup)
+        _check(self.kernel in ("nuts", "hmc"), "inference.kernel", "'nuts' or 'hmc'", self.kernel)
+        _check(_finite(self.target_accept) and 0 < self.target_accept < 1, "inference.target_accept",
+               "in (0, 1)", self.target_accept)
+        _check(_finite(self.step_size) and self.step_size > 0, "inference.step_size", "> 0", self.step_size)
+        _check(self.chunk % self.field_thin == 0, "inference.field_thin",
+               f"a divisor of inference.chunk = {self.chunk}", self.field_thin)
+        _check(self.init_redraw in INIT_REDRAWS, "inference.init_redraw", "'wiener' or 'none'", self.init_redraw)
+        _check(self.chains_per_run == 1, "inference.chains_per_run",
+               "1 (several chains per run are not built yet; run chains as a sweep: fli-nuts -m seed=0,1,2,3)",
+               self.chains_per_run)
 
 
 @dataclass
@@ -273,6 +300,7 @@ class Config:
     seed: int = 0
     run_dir: Optional[str] = None  # default: outputs/<command>/<timestamp>
     mock: Optional[str] = None  # path of a fli-mock run directory (for fli-map / fli-nuts)
+    init: Optional[str] = None  # fli-nuts start: null/"prior", "truth" (a mock's), or a fli-map run dir
     progress: bool = True
     compilation_cache: Optional[str] = "~/.cache/fli/jax"  # JAX's persistent compilation cache; null: off
     name: str = MISSING  # experiment name, set by the experiment file or config.yaml

@@ -292,6 +292,7 @@ def test_gradients_match_unsharded_jnp_fft():
 # --------------------------------------------------------------------------- NUTS
 
 
+@pytest.mark.slow  # ~20 s on 2 cores; tests/test_nuts.py samples the sharded posterior in the default set
 def test_nuts_with_sharded_latent_and_pencil_fft():
     """The crash trap: XLA's CPU FFT inside NumPyro NUTS over a sharded model (DESIGN.md)."""
     numpyro = pytest.importorskip("numpyro")

@@ -99,6 +99,7 @@ def _collectives(hlo: str):
     return out
 
 
+@pytest.mark.slow  # ~45 s on 2 cores (an 8-device PM gradient compiled and its HLO read)
 def test_value_and_grad_gathers_no_field():
     """The compiled value-and-gradient on 8 devices: no all-gather / all-reduce of field size.
 
@@ -135,6 +136,7 @@ def _assert_same_value_and_grad(u, g_theta, g_s, ref):
     np.testing.assert_allclose(g_s, gs0, atol=1e-4 * np.abs(gs0).max())
 
 
+@pytest.mark.slow  # ~40 s on 2 cores with its one-device reference; the mock layout test stays default
 @pytest.mark.parametrize("pdims", [(2, 2), (2, 4)])
 def test_log_density_and_gradient_agree_across_layouts(pdims, one_device_value_and_grad):
     post, data, lat = small_posterior(pdims)

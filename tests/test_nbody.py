@@ -130,6 +130,7 @@ def test_reversible_adjoint_matches_autodiff_float64():
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-4 * np.abs(a).max())
 
 
+@pytest.mark.slow  # ~20 s on 2 cores
 def test_lpt_matches_linear_theory_at_early_times():
     """2LPT particles painted at a = 0.02 give D^2 P_lin once the lattice response is removed."""
     grid = Grid((32, 32, 32), (500.0,) * 3, make_mesh((2, 2)), halo=2)

@@ -189,15 +189,16 @@ def _check_simulation_hvp(pdims, adjoint, param, value, lpt_order, modes):
 
 
 # Compiling a second-order program of the whole simulation takes 10-60 s here, most of it in
-# the cosmology (growth ODE, power spectrum) when differentiated twice in Omega_c. The default
-# run checks forward-over-reverse through the reversible custom VJP (the slow set adds
-# reverse-over-reverse through the checkpointed scan, which failed before too), with
+# the cosmology (growth ODE, power spectrum) when differentiated twice in Omega_c, so these
+# are all in the slow set: one mode per adjoint, the two that failed before
+# (reverse-over-reverse through the checkpointed scan, forward-over-reverse through the
+# reversible custom VJP), with
 # sigma8 (which enters through the LPT amplitude, not the growth ODE), Zel'dovich initial
 # conditions and one device; the slow one checks both modes, Omega_c, 2LPT on a (2, 2) mesh.
 
 
-@pytest.mark.parametrize(("adjoint", "mode"), [pytest.param("checkpoint", "reverse", marks=pytest.mark.slow),
-                                              ("reversible", "forward")])
+@pytest.mark.slow  # 30 s each on 2 cores; the painting HVP (test_cic_hvp_*) stays in the default set
+@pytest.mark.parametrize(("adjoint", "mode"), [("checkpoint", "reverse"), ("reversible", "forward")])
 def test_simulation_hvp_white_noise_and_sigma8(adjoint, mode):
     _check_simulation_hvp((1, 1), adjoint, "sigma8", 0.81, 1, (mode,))
 

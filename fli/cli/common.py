@@ -159,6 +159,11 @@ def _setup_process(cfg: Config) -> None:
                           f"differ from {list(_PROCESS['distributed'])}, which this process started with: jobs "
                           "that change them need a launcher that starts a process per job "
                           "(hydra/launcher=submitit_local)")
+    if cfg.simulation.dtype == "float64":
+        import jax  # noqa: PLC0415
+
+        # float64 fields need x64 on globally (jaxdecomp's partitioner ignores the scoped switch)
+        jax.config.update("jax_enable_x64", True)
     if cfg.compilation_cache:
         import jax  # noqa: PLC0415
 

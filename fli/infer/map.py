@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from fli.config import Config, ConfigError
+from fli.config import SAMPLER_KEYS, Config, ConfigError
 from fli.infer import checkpoint as ckpt
 from fli.infer.model import Data, Latents, Posterior, build_posterior, make_data
 from fli.infer.optimize import MapRun, converged, history_array, make_step, run_map
@@ -41,8 +41,7 @@ FIELD_NAME = "map_field.zarr"
 # keys that only extend or re-place a run: they may change between a run and its resume
 MAY_CHANGE = ("inference.map.steps", "inference.map.tol", "inference.map.patience",
               "inference.map.checkpoint_every", "inference.map.laplace", "inference.map.cg_tol",
-              "inference.map.cg_maxiter", "inference.map.compare_truth", "inference.num_warmup",
-              "inference.num_samples", "inference.max_tree_depth", "inference.chunk", "run_dir", "progress",
+              "inference.map.cg_maxiter", "inference.map.compare_truth", *SAMPLER_KEYS, "init", "run_dir", "progress",
               "compilation_cache",
               "distributed", "name")
 
@@ -63,8 +62,9 @@ def _write_text(path: Path, text: str) -> None:
         tmp.rename(path)
 
 
-def prepare(cfg: Config, log: logging.Logger):
-    """Read and check the observation, build the posterior and place the data (no writes)."""
+def prepare(cfg: Config, log: logging.Logger, compare_truth: bool = True):
+    """Read and check the observation, build the posterior and place the data (no writes);
+    ``compare_truth``: check ``inference.map.compare_truth`` against the observation."""
     from fli.io import check_observation, load_observation  # noqa: PLC0415
     from fli.sharding import make_mesh  # noqa: PLC0415
 
@@ -74,7 +74,7 @@ def prepare(cfg: Config, log: logging.Logger):
     obs = load_observation(cfg.mock, mesh)
     check_observation(obs, cfg)
     want = cfg.inference.map.compare_truth
-    if want and not obs.has_truth:
+    if compare_truth and want and not obs.has_truth:
         raise ConfigError(f"inference.map.compare_truth is true but {obs.path} has no truth (kappa_true, "
                           f"white_noise): r(k) and r_ell need a mock; set inference.map.compare_truth=null")
     post = build_posterior(cfg, obs, mesh=mesh, log=log)

@@ -152,29 +152,48 @@ class Posterior:
             r = jnp.where(jnp.asarray(smooth) > 0, rs, r)
         return jax.lax.with_sharding_constraint(r, NamedSharding(self.fwd.grid.mesh, MAP_SPEC))
 
-    def potential_and_aux(self, lat: Latents, data: Data, smooth=None):
+    @property
+    def energy_offset(self) -> float:
+        """The constant that ``precise=True`` subtracts from U: the expected 0.5 |s|^2 plus
+        the expected likelihood term, 0.5 (cells + map pixels)."""
+        return 0.5 * (self.fwd.grid.n_cells + math.prod(self.fwd.map_shape))
+
+    def potential_and_aux(self, lat: Latents, data: Data, smooth=None, precise: bool = False):
         """``(U, aux)``: the negative log posterior (constants dropped) and the forward's
-        diagnostics (``max_disp``, ``chi2`` of the unsmoothed residual)."""
+        diagnostics (``max_disp``, ``chi2`` of the unsmoothed residual).
+
+        ``precise``: return ``U - energy_offset`` with the field's and the map's sums taken
+        in float64 (:mod:`fli.infer.energy`), so that a float32 U resolves changes of 1e-4
+        at any D; samplers use it, the gradient is the same.
+        """
         kappa, aux = self.predict(lat)
         r = self._whiten(kappa, data, smooth)
-        like = 0.5 * jnp.sum(r * r)
-        prior = 0.5 * jnp.sum(lat.theta * lat.theta) + 0.5 * jnp.sum(lat.s * lat.s)
+        theta2 = 0.5 * jnp.sum(lat.theta * lat.theta)
+        if precise:
+            from fli.infer.energy import offset_sum  # noqa: PLC0415
+
+            like = offset_sum(0.5 * r * r, 0.5 * math.prod(self.fwd.map_shape))
+            prior = theta2 + offset_sum(0.5 * lat.s * lat.s, 0.5 * self.fwd.grid.n_cells)
+        else:
+            like = 0.5 * jnp.sum(r * r)
+            prior = theta2 + 0.5 * jnp.sum(lat.s * lat.s)
         r0 = (kappa - data.kappa_obs) * data.weight
         return like + prior, {"max_disp": jnp.max(aux.max_disp), "chi2": jnp.sum(r0 * r0)}
 
-    def potential(self, lat: Latents, data: Data, smooth=None) -> Array:
+    def potential(self, lat: Latents, data: Data, smooth=None, precise: bool = False) -> Array:
         """The negative log posterior U (see the module docstring)."""
-        return self.potential_and_aux(lat, data, smooth)[0]
+        return self.potential_and_aux(lat, data, smooth, precise)[0]
 
     def log_density(self, lat: Latents, data: Data) -> Array:
         """The log posterior density, up to a constant: ``-U``."""
         return -self.potential(lat, data)
 
-    def potential_flat(self, flat: Array, data: Data) -> Array:
-        """U on the flat layout: the dummies of the tails add their standard-normal prior."""
+    def potential_flat(self, flat: Array, data: Data, precise: bool = False) -> Array:
+        """U on the flat layout: the dummies of the tails add their standard-normal prior
+        (``precise``: minus :attr:`energy_offset`, see :meth:`potential_and_aux`)."""
         theta, s = self.layout.unpack(flat)
         dummies = flat * self.layout.dummy_mask().astype(flat.dtype)
-        return self.potential(Latents(theta, s), data) + 0.5 * jnp.sum(dummies * dummies)
+        return self.potential(Latents(theta, s), data, precise=precise) + 0.5 * jnp.sum(dummies * dummies)
 
     def value_and_grad(self, smooth: bool = False):
         """Jitted ``(lat, data[, smooth]) -> ((U, aux), dU/dlat)`` on the pytree layout."""

@@ -1,0 +1,618 @@
+"""``fli-nuts``'s work: one chain of NUTS/HMC over (theta, s), in chunks, resumable.
+
+The kernel sits behind the seam of :mod:`fli.infer.sampler`; this module owns the chunks,
+the outputs, the checkpoints and the progress. Every process runs the same code and the same
+jitted programs; process 0 writes the small files, each process its own blocks of the fields.
+
+Run directory::
+
+    config.yaml                 the resolved config
+    checkpoints/<chunk>/        orbax: kernel state (warm-up adaptation and key inside), the
+                                running field statistics and counters, after each chunk
+    chunks/chunk_00003/         one per complete chunk (a directory renamed into place last):
+      draws.npz                 draw index, warm-up flag, the sampled parameters, Omega_m, S8
+      stats.npz                 diverging, energy, potential_energy, tree_depth, n_steps,
+                                step_size, acceptance_rate, mean_accept_prob, gradient_evals
+                                (cumulative), seconds (cumulative)
+      spectra.npz               k, P(k) of the white noise and of the linear field per draw
+      fields.zarr               every field_thin-th draw: white noise and noiseless kappa
+    running.zarr                Welford mean and variance over all post-warm-up draws of the
+                                white noise and of the noiseless kappa (replaced atomically)
+    posterior.nc                ArviZ InferenceData of the complete chunks (netCDF, h5netcdf)
+    nuts.json                   written last: what ran, how long, draws, divergences
+
+A chunk is complete when ``chunks/chunk_<i>`` exists. The order per chunk is: write the chunk
+aside (``chunks/.chunk_<i>.tmp``, each file written aside and renamed, a ``DONE`` file
+last), save checkpoint ``<i>``, then rename the chunk into place. A run started again on the
+same directory resumes from the last complete checkpoint; a chunk whose checkpoint exists but
+whose rename was cut off is renamed then, and anything later is removed, so no chunk is lost
+or written twice. On the same layout the resumed chain is the uninterrupted one, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import yaml
+
+from fli.config import Config, ConfigError
+from fli.infer import checkpoint as ckpt
+from fli.infer.model import Data, Latents, Posterior
+from fli.infer.sampler import NumpyroKernel, StepInfo
+
+CHUNKS = "chunks"
+RUNNING = "running.zarr"
+POSTERIOR_NC = "posterior.nc"
+NUTS_JSON = "nuts.json"
+DONE = "DONE"
+STAT_NAMES = ("diverging", "energy", "potential_energy", "tree_depth", "n_steps", "step_size", "acceptance_rate",
+              "mean_accept_prob")
+# keys that only extend, re-place or re-report a run: they may change between a run and its resume
+MAY_CHANGE = ("inference.num_samples", "inference.map", "inference.chains_per_run", "run_dir", "progress",
+              "compilation_cache", "distributed", "name", "init", "inference.init_redraw")
+
+
+class Accum(NamedTuple):
+    """Running statistics carried through the chunks (checkpointed with the kernel state)."""
+
+    n: jax.Array  # post-warm-up draws counted (int32)
+    mean_s: jax.Array
+    m2_s: jax.Array
+    mean_k: jax.Array
+    m2_k: jax.Array
+    grads: jax.Array  # gradient evaluations so far (int32), the start's included
+
+
+class Draws(NamedTuple):
+    """Per-draw outputs of a chunk (stacked)."""
+
+    params: dict
+    info: StepInfo
+    grads: jax.Array
+    pk_s: jax.Array
+    pk_lin: jax.Array
+
+
+def _write_text(path: Path, text: str) -> None:
+    if jax.process_index() == 0:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.rename(path)
+
+
+def _savez(path: Path, **arrays) -> None:
+    """np.savez written aside, then renamed (process 0)."""
+    if jax.process_index() == 0:
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+
+
+def _barrier(name: str) -> None:
+    from fli.io import _barrier as b  # noqa: PLC0415
+
+    b(name)
+
+
+def _host(x) -> np.ndarray:
+    """A replicated (or fully addressable) array to numpy on every process."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return np.asarray(x.addressable_data(0))
+    return np.asarray(x)
+
+
+# ================================================================ the start of the chain
+
+
+def check_init_map(cfg: Config, map_dir: Path) -> dict:
+    """The ``map.json`` of a fli-map run, after checking that it fitted this mock."""
+    from fli.infer.map import MAP_JSON  # noqa: PLC0415
+
+    mj = map_dir / MAP_JSON
+    if not mj.is_file():
+        raise ConfigError(f"init={map_dir}: no {MAP_JSON} there (not a finished fli-map run); give a fli-map run "
+                          f"directory, 'prior' or 'truth'")
+    saved = yaml.safe_load((map_dir / "config.yaml").read_text()) if (map_dir / "config.yaml").is_file() else {}
+    theirs, ours = saved.get("mock"), cfg.mock
+    if theirs is None or Path(theirs).resolve() != Path(ours).resolve():
+        raise ConfigError(f"init={map_dir} is a MAP of mock={theirs}, not of mock={ours}: fit the MAP on this mock "
+                          f"first (fli-map mock={ours}) or use init=prior")
+    for key in ("simulation", "lensing", "survey", "prior"):
+        if saved.get(key) is not None and _model_part(saved, key) != _model_part_cfg(cfg, key):
+            raise ConfigError(f"init={map_dir} was fitted with another {key} config than this run: its MAP is not a "
+                              f"point of this posterior (compare {map_dir}/config.yaml)")
+    return json.loads(mj.read_text())
+
+
+def _model_part(saved: dict, key: str):
+    d = dict(saved[key])
+    if key == "simulation":
+        d.pop("adjoint", None)  # how gradients are taken does not change the posterior
+    return d
+
+
+def _model_part_cfg(cfg: Config, key: str):
+    import dataclasses  # noqa: PLC0415
+
+    return _model_part({key: json.loads(json.dumps(dataclasses.asdict(getattr(cfg, key))))}, key)
+
+
+def redraw_free_modes(s_map, grid, key):
+    """``s_map + sqrt(1 - W(k)) n``: the MAP field with the modes the data leave free redrawn.
+
+    A MAP shrinks the modes the data do not constrain towards zero, so it lies off the
+    posterior's typical set (|s|^2 << D). In the Gaussian, mode-diagonal approximation
+    the MAP of a mode is the Wiener filter W(k) of the data, with ``E|s_map,k|^2 = W(k)`` (in
+    units of the white noise) and posterior variance ``1 - W(k)``; W(k) is estimated from the
+    MAP's own power spectrum per shell (clipped to [0, 1]) and the missing variance added as
+    white noise ``n`` filtered by ``sqrt(1 - W)``. The result has unit power per shell again.
+    """
+    from fli.fft import kgrid_norm  # noqa: PLC0415
+    from fli.power import power_spectrum  # noqa: PLC0415
+    from fli.sharding import white_noise  # noqa: PLC0415
+
+    k, pk, _ = jax.jit(lambda s: power_spectrum(s, grid.fft, grid.box))(s_map)
+    w = np.clip(np.asarray(pk) / grid.cell_volume, 0.0, 1.0)
+    k = np.asarray(k)
+    noise = white_noise(int(jax.random.randint(key, (), 0, 2**30)), grid.shape, grid.mesh, dtype=grid.jdtype)
+
+    def f(s, n):
+        kn = kgrid_norm(grid.fft, grid.box, dtype=grid.dtype)
+        amp = jnp.sqrt(1.0 - jnp.interp(kn, jnp.asarray(k, grid.jdtype), jnp.asarray(w, grid.jdtype)))
+        return s + grid.fft.irfft(grid.fft.rfft(n) * amp.astype(grid.jdtype))
+
+    return jax.jit(f, out_shardings=grid.sharding)(s_map, noise), {"k": k.tolist(), "W": w.tolist()}
+
+
+def initial_point(cfg: Config, post: Posterior, obs, key, log: logging.Logger):
+    """The flat latent the chain starts from and a description of it (for nuts.json)."""
+    from fli.sharding import white_noise  # noqa: PLC0415
+
+    lay, grid = post.layout, post.fwd.grid
+    how = (cfg.init or "prior").strip()
+    k_field, k_rest = jax.random.split(key)
+    rest = jax.jit(lambda k: jax.random.normal(k, (lay.size,), grid.jdtype), out_shardings=lay.sharding)(k_rest)
+    if how == "prior":
+        seed = int(jax.random.randint(k_field, (), 0, 2**30))
+        s = white_noise(seed, grid.shape, grid.mesh, dtype=grid.jdtype)
+        theta = jax.random.normal(jax.random.fold_in(k_rest, 1), (post.prior.n,), grid.jdtype)
+        return lay.pack(theta, s, rest), {"init": "prior"}
+    if how == "truth":
+        if not getattr(obs, "has_truth", False):
+            raise ConfigError(f"init=truth but mock={cfg.mock} has no truth (white_noise and parameters)")
+        theta = jnp.asarray(post.theta_of(obs.truth), grid.jdtype)
+        return lay.pack(theta, obs.white_noise.astype(grid.jdtype), rest), {"init": "truth"}
+    map_dir = Path(how)
+    if not map_dir.is_dir():
+        raise ConfigError(f"init={how}: not 'prior', 'truth' or a fli-map run directory")
+    from fli.infer.map import load_map_field  # noqa: PLC0415
+
+    mj = check_init_map(cfg, map_dir)
+    theta = jnp.asarray(post.theta_of(mj["params"]), grid.jdtype)
+    s_map = load_map_field(map_dir, grid.mesh).astype(grid.jdtype)
+    desc = {"init": str(map_dir), "redraw": cfg.inference.init_redraw}
+    if cfg.inference.init_redraw == "wiener":
+        s, w = redraw_free_modes(s_map, grid, k_field)
+        desc["wiener_W"] = w
+        log.info("start: the MAP of %s with the modes it leaves free redrawn (W(k) from its spectrum: %.2f at the "
+                 "largest scale, %.2f at the smallest)", map_dir, w["W"][0], w["W"][-1])
+    else:
+        s = s_map
+        log.warning("start: the MAP of %s as it is (inference.init_redraw=none): its unconstrained modes sit near "
+                    "zero, off the typical set, and the warm-up must move them", map_dir)
+    return lay.pack(theta, s, rest), desc
+
+
+# ================================================================ the chunk program
+
+
+def _welford(acc: Accum, s, kappa, w) -> Accum:
+    n = acc.n + w
+    inv = jnp.where(n > 0, 1.0 / jnp.maximum(n, 1).astype(s.dtype), 0.0)
+    ds = s - acc.mean_s
+    mean_s = acc.mean_s + w * ds * inv
+    m2_s = acc.m2_s + w * ds * (s - mean_s)
+    dk = kappa - acc.mean_k
+    mean_k = acc.mean_k + w * dk * inv
+    m2_k = acc.m2_k + w * dk * (kappa - mean_k)
+    return acc._replace(n=n, mean_s=mean_s, m2_s=m2_s, mean_k=mean_k, m2_k=m2_k)
+
+
+def make_chunk(kernel: NumpyroKernel, post: Posterior, n: int, thin: int, num_warmup: int, kedges):
+    """Jitted ``(state, acc, data) -> (state, acc, Draws, fields)`` for ``n`` draws; ``fields``
+    holds the white noise and kappa of every ``thin``-th draw (``n // thin`` of them)."""
+    from fli.lpt import linear_field  # noqa: PLC0415
+    from fli.power import power_spectrum  # noqa: PLC0415
+
+    grid, lay = post.fwd.grid, post.layout
+
+    def one(carry, data):
+        state, acc = carry
+        state, info = kernel.step(state, data)
+        theta, s = lay.unpack(kernel.position(state))
+        kappa, _ = post.predict(Latents(theta, s))
+        w = (kernel.iteration(state) > num_warmup).astype(jnp.int32)
+        acc = _welford(acc, s, kappa, w)
+        acc = acc._replace(grads=acc.grads + info.num_steps.astype(jnp.int32))
+        cosmo = post.cosmology(theta)
+        _, pk_s, _ = power_spectrum(s, grid.fft, grid.box, kedges)
+        _, pk_lin, _ = power_spectrum(linear_field(cosmo, s, grid, 1.0), grid.fft, grid.box, kedges)
+        out = Draws(post.params(theta), info, acc.grads, pk_s, pk_lin)
+        return (state, acc), out, s, kappa
+
+    def group(carry, data, length):
+        def body(c, _):
+            c, out, s, kappa = one(c, data)
+            return c, (out, s, kappa)
+
+        carry, (outs, ss, ks) = jax.lax.scan(body, carry, None, length=length)
+        return carry, outs, ss[-1], ks[-1]
+
+    def chunk(state, acc, data):
+        carry = (state, acc)
+        outs, fields = [], None
+        n_groups, tail = divmod(n, thin)
+        if n_groups:
+            def g(c, _):
+                c, o, s, k = group(c, data, thin)
+                return c, (o, s, k)
+
+            carry, (o, ss, ks) = jax.lax.scan(g, carry, None, length=n_groups)
+            outs.append(jax.tree.map(lambda x: x.reshape(n_groups * thin, *x.shape[2:]), o))
+            fields = (ss, ks)
+        if tail:
+            def t(c, _):
+                c, o, _, _ = one(c, data)
+                return c, o
+
+            carry, o = jax.lax.scan(t, carry, None, length=tail)
+            outs.append(o)
+        draws = outs[0] if len(outs) == 1 else jax.tree.map(lambda *x: jnp.concatenate(x), *outs)
+        return carry[0], carry[1], draws, fields
+
+    return jax.jit(chunk, donate_argnums=(0, 1))
+
+
+def zero_accum(post: Posterior) -> Accum:
+    from jax.sharding import NamedSharding  # noqa: PLC0415
+    from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+
+    from fli.lensing import MAP_SPEC  # noqa: PLC0415
+
+    g = post.fwd.grid
+    ksh = NamedSharding(g.mesh, MAP_SPEC)
+    rep = NamedSharding(g.mesh, P())
+
+    def z():
+        zs = jnp.zeros(g.shape, g.jdtype)
+        zk = jnp.zeros(post.fwd.map_shape, g.jdtype)
+        return Accum(jnp.zeros((), jnp.int32), zs, zs, zk, zk, jnp.zeros((), jnp.int32))
+
+    return jax.jit(z, out_shardings=Accum(rep, g.sharding, g.sharding, ksh, ksh, rep))()
+
+
+# ================================================================ files
+
+
+def chunk_dir(run_dir: Path, i: int) -> Path:
+    return run_dir / CHUNKS / f"chunk_{i:05d}"
+
+
+def _tmp_chunk_dir(run_dir: Path, i: int) -> Path:
+    return run_dir / CHUNKS / f".chunk_{i:05d}.tmp"
+
+
+def complete_chunks(run_dir: Path) -> list[int]:
+    """Indices of the complete chunks of a run directory, in order."""
+    d = Path(run_dir) / CHUNKS
+    if not d.is_dir():
+        return []
+    out = []
+    for p in d.iterdir():
+        if p.name.startswith("chunk_") and p.is_dir() and (p / DONE).is_file():
+            out.append(int(p.name.split("_")[1]))
+    return sorted(out)
+
+
+def tidy_chunks(run_dir: Path, last: int | None, log: logging.Logger) -> None:
+    """Make the chunks agree with checkpoint ``last`` (process 0): finish a rename cut off
+    after the checkpoint, remove everything later and every other temporary."""
+    if jax.process_index() == 0:
+        d = run_dir / CHUNKS
+        if d.is_dir():
+            for p in sorted(d.iterdir()):
+                if p.name.startswith(".chunk_") and p.name.endswith(".tmp"):
+                    i = int(p.name[len(".chunk_"):-len(".tmp")])
+                    if last is not None and i <= last and (p / DONE).is_file() and not chunk_dir(run_dir, i).exists():
+                        p.rename(chunk_dir(run_dir, i))
+                        log.info("chunk %d was saved but not yet marked complete: marked now", i)
+                    else:
+                        shutil.rmtree(p)
+                elif p.name.startswith("chunk_"):
+                    i = int(p.name.split("_")[1])
+                    if last is None or i > last:
+                        log.warning("removing %s: it is later than the last checkpoint", p)
+                        shutil.rmtree(p)
+    _barrier("fli-nuts-tidy")
+
+
+def write_chunk(run_dir: Path, i: int, first_draw: int, num_warmup: int, names, draws: Draws, fields,
+                thin: int, k, seconds: np.ndarray, grid_info: dict) -> Path:
+    """Write chunk ``i`` aside (every process: the fields are written per block)."""
+    from fli.io import write_arrays  # noqa: PLC0415
+
+    tmp = _tmp_chunk_dir(run_dir, i)
+    if jax.process_index() == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    _barrier("fli-nuts-chunk-dir")
+    n = int(np.shape(_host(draws.grads))[0])
+    idx = np.arange(first_draw, first_draw + n)
+    params = {k2: _host(v) for k2, v in draws.params.items()}
+    _savez(tmp / "draws.npz", draw=idx, warmup=idx < num_warmup, **params)
+    info = draws.info
+    stats = {"diverging": _host(info.diverging), "energy": _host(info.energy),
+             "potential_energy": _host(info.potential_energy), "tree_depth": _host(info.tree_depth),
+             "n_steps": _host(info.num_steps), "step_size": _host(info.step_size),
+             "acceptance_rate": _host(info.accept_prob), "mean_accept_prob": _host(info.mean_accept_prob),
+             "gradient_evals": _host(draws.grads), "seconds": seconds}
+    _savez(tmp / "stats.npz", draw=idx, **stats)
+    _savez(tmp / "spectra.npz", draw=idx, k=np.asarray(k), pk_white_noise=_host(draws.pk_s),
+           pk_linear=_host(draws.pk_lin))
+    if fields is not None:
+        kept = idx[thin - 1::thin][: fields[0].shape[0]]
+        write_arrays(tmp / "fields.zarr", {"white_noise": fields[0], "kappa": fields[1]},
+                     {"draw": kept.tolist(), "warmup": (kept < num_warmup).tolist(), **grid_info})
+    _barrier("fli-nuts-chunk-written")
+    if jax.process_index() == 0:
+        (tmp / DONE).write_text(json.dumps({"chunk": i, "draws": [int(idx[0]), int(idx[-1])]}))
+    _barrier("fli-nuts-chunk-done")
+    return tmp
+
+
+def mark_chunk(run_dir: Path, i: int) -> None:
+    if jax.process_index() == 0:
+        _tmp_chunk_dir(run_dir, i).rename(chunk_dir(run_dir, i))
+    _barrier("fli-nuts-chunk-marked")
+
+
+def write_running(run_dir: Path, acc: Accum, grid_info: dict) -> None:
+    """``running.zarr``: the Welford mean and variance, replaced atomically."""
+    from fli.io import write_arrays  # noqa: PLC0415
+
+    n = int(_host(acc.n))
+    denom = max(n - 1, 1)
+    tmp = run_dir / (RUNNING + ".tmp")
+    write_arrays(tmp, {"mean_white_noise": acc.mean_s, "var_white_noise": acc.m2_s / denom,
+                       "mean_kappa": acc.mean_k, "var_kappa": acc.m2_k / denom},
+                 {"n_draws": n, **grid_info})
+    if jax.process_index() == 0:
+        final = run_dir / RUNNING
+        old = run_dir / (RUNNING + ".old")
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        if old.exists():
+            shutil.rmtree(old)
+    _barrier("fli-nuts-running")
+
+
+def read_chunks(run_dir: Path, which=None) -> dict:
+    """The draws, stats and spectra of the complete chunks, concatenated (numpy)."""
+    out: dict = {"draws": {}, "stats": {}, "spectra": {}}
+    for i in (complete_chunks(run_dir) if which is None else which):
+        for part in out:
+            with np.load(chunk_dir(run_dir, i) / f"{part}.npz") as f:
+                for name in f.files:
+                    out[part].setdefault(name, []).append(f[name])
+    for part, d in out.items():
+        for name, v in d.items():
+            d[name] = v[0] if name == "k" else np.concatenate(v)
+    return out
+
+
+def write_inference_data(run_dir: Path, post: Posterior, obs, attrs: dict) -> Path | None:
+    """``posterior.nc`` from the complete chunks (process 0; replaced atomically)."""
+    if jax.process_index() != 0:
+        return None
+    import arviz as az  # noqa: PLC0415
+
+    c = read_chunks(run_dir)
+    if not c["draws"]:
+        return None
+    warm = c["draws"]["warmup"].astype(bool)
+    names = [*post.names, "Omega_m", "S8"]
+
+    def split(d, keys, mask):
+        return {k: np.asarray(d[k])[mask][None] for k in keys}
+
+    stat_keys = ["diverging", "energy", "potential_energy", "tree_depth", "n_steps", "step_size", "acceptance_rate",
+                 "gradient_evals"]
+    st = dict(c["stats"])
+    st["lp"] = -st["potential_energy"]
+    stat_keys.append("lp")
+    spec = c["spectra"]
+    obs_summary = {"noise_sigma": np.asarray(obs.noise_sigma, np.float64).reshape(-1)}
+    idata = az.from_dict(
+        posterior=split(c["draws"], names, ~warm),
+        sample_stats=split(st, stat_keys, ~warm),
+        warmup_posterior=split(c["draws"], names, warm) if warm.any() else None,
+        warmup_sample_stats=split(st, stat_keys, warm) if warm.any() else None,
+        observed_data=obs_summary,
+        save_warmup=bool(warm.any()),
+        attrs={k: (json.dumps(v) if not isinstance(v, (str, int, float)) else v) for k, v in attrs.items()},
+    )
+    pk = {"pk_white_noise": spec["pk_white_noise"][~warm][None], "pk_linear": spec["pk_linear"][~warm][None]}
+    idata.add_groups({"field_summaries": pk}, coords={"k_bin": np.arange(len(spec["k"]))},
+                     dims={"pk_white_noise": ["k_bin"], "pk_linear": ["k_bin"]})
+    idata.field_summaries.attrs["k"] = json.dumps(np.asarray(spec["k"]).tolist())
+    tmp = run_dir / (POSTERIOR_NC + ".tmp")
+    idata.to_netcdf(str(tmp), engine="h5netcdf")
+    os.replace(tmp, run_dir / POSTERIOR_NC)
+    return run_dir / POSTERIOR_NC
+
+
+# ================================================================ the command
+
+
+def _kernel(cfg: Config, post: Posterior) -> NumpyroKernel:
+    i = cfg.inference
+    return NumpyroKernel(post, i.kernel, i.num_warmup, i.target_accept, i.max_tree_depth, i.num_steps, i.step_size)
+
+
+def _state(kstate, acc: Accum) -> dict:
+    return {"kernel": kstate, "acc": acc}
+
+
+def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> dict:
+    """Sample (or resume) one chain into ``run_dir``; returns the content of ``nuts.json``."""
+    from fli.infer.map import prepare  # noqa: PLC0415
+    from fli.power import default_kedges  # noqa: PLC0415
+
+    run_dir = Path(run_dir)
+    icfg = cfg.inference
+    obs, post, data = prepare(cfg, log, compare_truth=False)
+    total = icfg.num_warmup + icfg.num_samples
+    ckpt_dir = run_dir / "checkpoints"
+    last = ckpt.latest_step(ckpt_dir)  # a collective: every process asks
+    meta = None
+    if last is not None:
+        meta = ckpt.read_meta(ckpt_dir, last)
+        ckpt.check_resumable(meta["config"], resolved, MAY_CHANGE, where=f"run_dir {run_dir}")
+        if (run_dir / NUTS_JSON).exists() and meta["draws"] >= total:
+            raise ConfigError(f"run_dir {run_dir} already holds a finished chain of {meta['draws']} draws "
+                              f"({NUTS_JSON}): raise inference.num_samples to extend it, or choose another run_dir")
+    grid, lay = post.fwd.grid, post.layout
+    kernel = _kernel(cfg, post)
+    key = jax.random.PRNGKey(cfg.seed)
+    k_init, k_kernel = jax.random.split(key)
+    t0 = time.perf_counter()
+    if last is None:
+        z0, init_desc = initial_point(cfg, post, obs, k_init, log)
+        kstate = kernel.init(z0, k_kernel, data)
+        acc = zero_accum(post)
+        acc = acc._replace(grads=acc.grads + 1)
+        done, seconds0, chunk0 = 0, 0.0, 0
+    else:
+        z0 = jax.ShapeDtypeStruct((lay.size,), grid.jdtype, sharding=lay.sharding)
+        template = _state(kernel.state_template(z0, k_kernel, data), zero_accum(post))
+        if list(meta["pdims"]) != list(grid.pdims):
+            from fli.infer.relayout import restore_on_new_layout  # noqa: PLC0415
+
+            state = restore_on_new_layout(ckpt_dir, last, template, meta, post, kernel)
+        else:
+            state, _ = ckpt.restore_checkpoint(ckpt_dir, last, template)
+        kstate, acc = state["kernel"], Accum(*state["acc"])
+        done, seconds0, chunk0, init_desc = int(meta["draws"]), float(meta["seconds"]), last + 1, meta["init"]
+        log.info("resuming after chunk %d (%d draws done; saved on pdims %s, now %s)", last, done, meta["pdims"],
+                 list(grid.pdims))
+    tidy_chunks(run_dir, last, log)
+    if jax.process_index() == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _write_text(run_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+    if done >= total:
+        log.info("nothing to do: %d draws done of %d", done, total)
+    kedges = default_kedges(grid.fft, grid.box)
+    k_centres = 0.5 * (kedges[1:] + kedges[:-1])
+    grid_info = {"shape": list(grid.shape), "box": list(grid.box), "pdims": list(grid.pdims)}
+    names = post.names
+    programs: dict[int, object] = {}
+    log.info("%s on %d latents (%s field, %s, %d warm-up + %d draws in chunks of %d; %s forward, %s light cone); "
+             "start: %s", icfg.kernel.upper(), post.dim, "x".join(map(str, grid.shape)),
+             ", ".join(names), icfg.num_warmup, icfg.num_samples, icfg.chunk, post.fwd.kind, post.fwd.lightcone,
+             init_desc.get("init") if isinstance(init_desc, dict) else init_desc)
+    attrs = {"config": yaml.safe_dump(resolved, sort_keys=False), "pdims": list(grid.pdims),
+             "layout": "flat P(('x','y')), per-device [field block | tail]", "kernel": icfg.kernel,
+             "energy_offset": post.energy_offset + 0.5 * lay.size, "init": init_desc}
+    i = chunk0
+    t_start = time.perf_counter()
+    n_div_post = _count_post_divergences(run_dir)
+    while done < total:
+        n = min(icfg.chunk, total - done)
+        if n not in programs:
+            tc = time.perf_counter()
+            prog = make_chunk(kernel, post, n, icfg.field_thin, icfg.num_warmup, kedges)
+            programs[n] = prog.lower(kstate, acc, data).compile()
+            log.info("compiled the %d-draw chunk program in %.1f s", n, time.perf_counter() - tc)
+        tc = time.perf_counter()
+        kstate, acc, draws, fields = programs[n](kstate, acc, data)
+        jax.block_until_ready(kstate)
+        dt = time.perf_counter() - tc
+        seconds = seconds0 + dt * (np.arange(1, n + 1) / n)
+        write_chunk(run_dir, i, done, icfg.num_warmup, names, draws, fields, icfg.field_thin, k_centres, seconds,
+                    grid_info)
+        write_running(run_dir, acc, grid_info)
+        done += n
+        seconds0 += dt
+        meta = {"config": resolved, "draws": done, "chunk": i, "pdims": list(grid.pdims), "seconds": seconds0,
+                "init": init_desc, "time": time.time(), "layout_size": lay.size, "n_params": post.prior.n}
+        ckpt.save_checkpoint(ckpt_dir, i, _state(kstate, acc), meta)
+        mark_chunk(run_dir, i)
+        write_inference_data(run_dir, post, obs, {**attrs, "seconds": seconds0})
+        n_div_post += int(np.sum(_host(draws.info.diverging)[np.arange(done - n, done) >= icfg.num_warmup]))
+        _progress(log, icfg, done, total, draws, acc, dt / n, n_div_post, time.perf_counter() - t_start, i, chunk0)
+        i += 1
+    summary = _summary(run_dir, icfg, post, acc, seconds0, init_desc, time.perf_counter() - t0)
+    _write_text(run_dir / NUTS_JSON, json.dumps(summary, indent=1))
+    log.info("done: %d draws (%d after warm-up), %d divergences after warm-up, %d gradient evaluations, %.1f s "
+             "sampling; %s", summary["draws"], summary["draws_post_warmup"], summary["divergences_post_warmup"],
+             summary["gradient_evals"], summary["seconds_sampling"], run_dir)
+    return summary
+
+
+def _count_post_divergences(run_dir: Path) -> int:
+    c = read_chunks(run_dir) if complete_chunks(run_dir) else None
+    if not c:
+        return 0
+    return int(np.sum(c["stats"]["diverging"][~c["draws"]["warmup"].astype(bool)]))
+
+
+def _progress(log, icfg, done, total, draws: Draws, acc: Accum, per_draw, n_div, elapsed, i, chunk0) -> None:
+    info = draws.info
+    warm = min(done, icfg.num_warmup)
+    left = (total - done) * per_draw
+    log.info("chunk %d: draws %d/%d (warm-up %d/%d), step size %.3g, tree depth %.1f (max %d), accept %.2f, "
+             "divergences after warm-up %d, gradient evaluations %d, %.2f s/draw, %s left", i, done, total, warm,
+             icfg.num_warmup, float(_host(info.step_size)[-1]), float(np.mean(_host(info.tree_depth))),
+             int(np.max(_host(info.tree_depth))), float(np.mean(_host(info.accept_prob))), n_div,
+             int(_host(acc.grads)), per_draw, _fmt_time(left))
+
+
+def _fmt_time(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _summary(run_dir: Path, icfg, post: Posterior, acc: Accum, seconds: float, init_desc, wall: float) -> dict:
+    c = read_chunks(run_dir)
+    warm = c["draws"]["warmup"].astype(bool)
+    st = c["stats"]
+    return {
+        "kernel": icfg.kernel, "draws": int(warm.size), "draws_post_warmup": int((~warm).sum()),
+        "num_warmup": icfg.num_warmup, "chunks": len(complete_chunks(run_dir)),
+        "divergences_post_warmup": int(st["diverging"][~warm].sum()),
+        "gradient_evals": int(st["gradient_evals"][-1]), "seconds_sampling": seconds, "seconds_this_run": wall,
+        "step_size": float(st["step_size"][-1]), "mean_tree_depth": float(np.mean(st["tree_depth"][~warm]))
+        if (~warm).any() else None,
+        "params_mean": {k: float(np.mean(c["draws"][k][~warm])) for k in [*post.names, "Omega_m", "S8"]}
+        if (~warm).any() else None,
+        "init": init_desc, "dim": post.dim, "pdims": list(post.fwd.grid.pdims),
+        "energy_note": "energies are H minus a constant offset (attrs.energy_offset of posterior.nc): "
+                       "float64 sums of float32 fields, see fli/infer/energy.py",
+        "warmup_note": "num_warmup from inference.num_warmup; NumPyro's windowed adaptation of the step size "
+                       "and the diagonal mass matrix runs over it",
+    }
+

@@ -1,0 +1,153 @@
+"""The sampler seam: one small interface between a kernel and everything around it.
+
+``fli-nuts`` (:mod:`fli.infer.nuts`) drives a kernel through three calls and never looks
+inside its state:
+
+* ``init(z0, key, data) -> state``: the kernel's state at the flat latent ``z0``
+  (:mod:`fli.infer.layout`), warm-up included in the state;
+* ``step(state, data) -> (state, StepInfo)``: one transition, traceable (the chunk loop scans
+  it); :class:`StepInfo` holds the scalars every kernel reports;
+* ``position(state)``: the current flat latent; ``state_template(...)``: the state's shapes,
+  dtypes and shardings, the target a checkpoint is restored onto.
+
+The state is a pytree of arrays, so the chunk loop checkpoints it with orbax as it is. The
+kernel here is NumPyro's (its functional ``hmc`` API: NUTS or HMC, dual-averaging step size
+and a diagonal mass matrix adapted on NumPyro's windowed schedule). The issue after fli-nuts
+replaces it with a kernel whose state stays sharded; only this module changes.
+
+Energies: NumPyro keeps the position, momentum and energies in one dtype, so the potential and
+the kinetic energy are float32 results of float64 sums, with the offset
+:attr:`~fli.infer.model.Posterior.energy_offset` (potential) and D/2 (kinetic) taken off
+before the one rounding (:mod:`fli.infer.energy`). Energies reported are therefore
+``H - offset``; differences, which are all that sampling and E-BFMI read, are unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from fli.infer.energy import offset_sum
+from fli.infer.layout import FLAT_SPEC
+from fli.infer.model import Data, Posterior
+
+KERNELS = ("nuts", "hmc")
+
+
+class StepInfo(NamedTuple):
+    """What one transition reports (scalars, replicated)."""
+
+    potential_energy: Any
+    energy: Any
+    diverging: Any
+    num_steps: Any
+    tree_depth: Any
+    accept_prob: Any
+    mean_accept_prob: Any
+    step_size: Any
+
+
+def tree_depth(num_steps):
+    """NUTS tree depth from the number of leapfrog steps: a depth-d tree takes up to 2^d - 1."""
+    n = jnp.asarray(num_steps, jnp.float32)
+    return jnp.ceil(jnp.log2(n + 1.0) - 1e-6).astype(jnp.int32)
+
+
+def kinetic_energy(layout, precise: bool = True):
+    """NumPyro ``kinetic_fn`` of a diagonal mass matrix on the flat layout: ``0.5 r M^-1 r``,
+    minus ``D/2`` and summed in float64 when ``precise`` (see the module docstring)."""
+
+    def kinetic(inverse_mass_matrix, r):
+        if not precise:
+            return 0.5 * jnp.sum(inverse_mass_matrix * r * r)
+        return offset_sum(0.5 * inverse_mass_matrix * r * r, 0.5 * layout.size)
+
+    kinetic._kinetic_grad = lambda inverse_mass_matrix, r: inverse_mass_matrix * r  # diagonal mass
+    return kinetic
+
+
+class NumpyroKernel:
+    """NumPyro's NUTS or HMC on :meth:`Posterior.potential_flat` (precise energies).
+
+    Args:
+        post: the posterior; its flat layout is the latent.
+        kernel: ``"nuts"`` or ``"hmc"``.
+        num_warmup: warm-up transitions (step size and diagonal mass matrix adapted).
+        target_accept: dual averaging's target acceptance probability, in (0, 1).
+        max_tree_depth: NUTS's largest tree depth.
+        num_steps: HMC's leapfrog steps per trajectory.
+        step_size: the first step size (dual averaging starts from a heuristic search around it).
+    """
+
+    def __init__(self, post: Posterior, kernel: str = "nuts", num_warmup: int = 100, target_accept: float = 0.8,
+                 max_tree_depth: int = 6, num_steps: int = 16, step_size: float = 0.1):
+        from numpyro.infer.hmc import hmc  # noqa: PLC0415
+
+        if kernel not in KERNELS:
+            raise ValueError(f"inference.kernel must be one of {KERNELS}, got {kernel!r}")
+        self.post, self.kernel, self.num_warmup = post, kernel, int(num_warmup)
+        self.target_accept, self.max_tree_depth = float(target_accept), int(max_tree_depth)
+        self.num_steps, self.step_size = int(num_steps), float(step_size)
+        lay = post.layout
+        self.layout = lay
+
+        def potential_gen(data):
+            return lambda z: post.potential_flat(z, data, precise=True)
+
+        self._init_kernel, self._sample_kernel = hmc(potential_fn_gen=potential_gen, kinetic_fn=kinetic_energy(lay),
+                                                     algo="NUTS" if kernel == "nuts" else "HMC")
+        self._traced_init = False
+
+    # -- the seam -------------------------------------------------------------------------
+    def init(self, z0, key, data: Data):
+        """The kernel state at ``z0`` (jitted; the state is placed with :meth:`shardings`)."""
+        fn = jax.jit(self._init_fn, out_shardings=self.shardings(jax.eval_shape(self._init_fn, z0, key, data)))
+        self._traced_init = True
+        return fn(z0, key, data)
+
+    def step(self, state, data: Data):
+        """One transition; returns ``(state, StepInfo)`` (traceable)."""
+        if not self._traced_init:  # NumPyro's sample_kernel reads what init_kernel set up
+            jax.eval_shape(self._init_fn, state.z, state.rng_key, data)
+            self._traced_init = True
+        new = self._sample_kernel(state, model_args=(data,))
+        new = jax.lax.with_sharding_constraint(new, self.shardings(new))
+        depth = tree_depth(new.num_steps) if self.kernel == "nuts" else jnp.zeros((), jnp.int32)
+        info = StepInfo(new.potential_energy, new.energy, new.diverging, new.num_steps, depth, new.accept_prob,
+                        new.mean_accept_prob, new.adapt_state.step_size)
+        return new, info
+
+    @staticmethod
+    def position(state):
+        return state.z
+
+    @staticmethod
+    def iteration(state):
+        """Transitions done (warm-up included)."""
+        return state.i
+
+    def state_template(self, z0, key, data: Data):
+        """``ShapeDtypeStruct`` s with shardings: the target to restore a checkpoint onto."""
+        shapes = jax.eval_shape(self._init_fn, z0, key, data)
+        self._traced_init = True
+        shard = self.shardings(shapes)
+        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shard)
+
+    def shardings(self, tree):
+        """Every flat-latent-sized vector sharded like the latent, everything else replicated."""
+        mesh, size = self.layout.mesh, self.layout.size
+        flat, rep = NamedSharding(mesh, FLAT_SPEC), NamedSharding(mesh, P())
+        return jax.tree.map(lambda x: flat if tuple(x.shape) == (size,) else rep, tree)
+
+    # -- internals ------------------------------------------------------------------------
+    def _init_fn(self, z0, key, data):
+        lay = self.layout
+        imm = jax.lax.with_sharding_constraint(jnp.ones((lay.size,), z0.dtype), lay.sharding)
+        kw = dict(num_steps=self.num_steps) if self.kernel == "hmc" else dict(max_tree_depth=self.max_tree_depth)
+        return self._init_kernel(z0, self.num_warmup, step_size=self.step_size, inverse_mass_matrix=imm,
+                                 adapt_step_size=True, adapt_mass_matrix=True, dense_mass=False,
+                                 target_accept_prob=self.target_accept, model_args=(data,), rng_key=key, **kw)

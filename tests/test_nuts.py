@@ -1,0 +1,209 @@
+"""fli-nuts as a user runs it: a small mock, a chain in chunks, its outputs, resume, bad input.
+
+The small posterior (tests/posterior_setup.py SMALL: 8x8x32 cells, 4 planes, 8x8 pixels, 2
+bins, 2050 latents plus dummies) compiles in seconds; the chains here are a few draws long:
+they test the machinery, not convergence (tests/test_nuts_calibration.py and docs/nuts.md do).
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from fli.cli.mock import main as mock_main
+from fli.cli.nuts import main as nuts_main
+from fli.infer import checkpoint as ckpt
+from fli.infer.nuts import complete_chunks, read_chunks
+from tests.posterior_setup import SMALL
+from tests.test_multiprocess import ROOT
+
+# 6 warm-up + 6 draws in chunks of 4 (the last chunk straddles nothing: 4, 4, 4), fields of
+# every 2nd draw; tree depth <= 3 keeps a draw at <= 7 gradients
+CHAIN = ["inference.num_warmup=6", "inference.num_samples=6", "inference.chunk=4", "inference.field_thin=2",
+         "inference.max_tree_depth=3", "seed=3"]
+
+
+@pytest.fixture(scope="module")
+def small_mock(tmp_path_factory):
+    run = tmp_path_factory.mktemp("mock") / "run"
+    assert mock_main([*SMALL, f"run_dir={run}"]) == 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def chain(small_mock, tmp_path_factory):
+    run = tmp_path_factory.mktemp("nuts") / "run"
+    assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}"]) == 0
+    return run
+
+
+def test_a_chain_writes_its_chunks_and_inference_data(chain):
+    import arviz as az
+    import zarr
+
+    assert complete_chunks(chain) == [0, 1, 2]
+    assert not list((chain / "chunks").glob(".*.tmp"))
+    c = read_chunks(chain)
+    d, st = c["draws"], c["stats"]
+    np.testing.assert_array_equal(d["draw"], np.arange(12))
+    np.testing.assert_array_equal(d["warmup"], np.arange(12) < 6)
+    for name in ("Omega_c", "sigma8", "Omega_m", "S8"):
+        assert d[name].shape == (12,) and np.all(np.isfinite(d[name]))
+    # the priors' supports, and the derived quantities from the sampled ones
+    assert np.all((d["Omega_c"] > 0.15) & (d["Omega_c"] < 0.45)) and np.all((d["sigma8"] > 0.5) & (d["sigma8"] < 1.1))
+    np.testing.assert_allclose(d["S8"], d["sigma8"] * np.sqrt(d["Omega_m"] / 0.3), rtol=1e-6)
+    # NUTS's bookkeeping: a depth-d tree takes 2^(d-1) .. 2^d - 1 leapfrog steps, and the
+    # gradient count is the start's one plus every step
+    assert np.all(st["tree_depth"] <= 3) and np.all(st["n_steps"] >= 1)
+    assert np.all((st["n_steps"] <= 2 ** st["tree_depth"] - 1) & (st["n_steps"] >= 2 ** (st["tree_depth"] - 1)))
+    np.testing.assert_array_equal(st["gradient_evals"], 1 + np.cumsum(st["n_steps"]))
+    assert np.all((st["acceptance_rate"] >= 0) & (st["acceptance_rate"] <= 1))
+    assert np.all(np.diff(st["seconds"]) >= 0)
+    # spectra per draw: white noise ~ the cell volume (P = V/N), positive for the linear field
+    sp = c["spectra"]
+    assert sp["pk_white_noise"].shape == (12, sp["k"].size) and np.all(sp["pk_linear"] > 0)
+    # ArviZ reads it back: 6 draws after warm-up, 6 warm-up draws, the sample stats ArviZ knows
+    idata = az.from_netcdf(chain / "posterior.nc")
+    assert idata.posterior.sizes["draw"] == 6 and idata.warmup_posterior.sizes["draw"] == 6
+    for name in ("diverging", "energy", "tree_depth", "n_steps", "step_size", "acceptance_rate", "lp",
+                 "gradient_evals"):
+        assert name in idata.sample_stats, name
+    np.testing.assert_array_equal(idata.posterior["sigma8"].values[0], d["sigma8"][6:])
+    assert "config" in idata.attrs and json.loads(idata.attrs["pdims"]) == [1, 1]
+    assert float(az.bfmi(idata)[0]) > 0  # E-BFMI needs the energies, so they must be there
+    # thinned fields: every 2nd draw of each chunk (the running mean is checked against the
+    # fields in the next test, which keeps them all)
+    f = zarr.open_group(str(chain / "chunks" / "chunk_00002" / "fields.zarr"), mode="r")
+    assert f["white_noise"].shape == (2, 8, 8, 32) and f["kappa"].shape == (2, 2, 8, 8)
+    assert f.attrs["draw"] == [9, 11]
+    r = zarr.open_group(str(chain / "running.zarr"), mode="r")
+    assert r.attrs["n_draws"] == 6 and np.all(np.asarray(r["var_white_noise"][...]) >= 0)
+    out = json.loads((chain / "nuts.json").read_text())
+    assert out["draws"] == 12 and out["draws_post_warmup"] == 6 and out["gradient_evals"] == st["gradient_evals"][-1]
+
+
+@pytest.mark.slow  # ~40 s on 2 cores
+def test_the_running_mean_is_the_mean_of_the_draws(small_mock, tmp_path):
+    """field_thin=1 keeps every field: running.zarr's Welford mean and variance must be the
+    mean and variance of the post-warm-up fields (float32 round-off over 4 draws: 1e-5)."""
+    import zarr
+
+    run = tmp_path / "run"
+    assert nuts_main([*SMALL, "inference.num_warmup=2", "inference.num_samples=4", "inference.chunk=3",
+                      "inference.field_thin=1", "inference.max_tree_depth=2", f"mock={small_mock}",
+                      f"run_dir={run}"]) == 0
+    fields = [np.asarray(zarr.open_group(str(run / "chunks" / f"chunk_{i:05d}" / "fields.zarr"), mode="r")
+                         ["white_noise"][...]) for i in (0, 1)]
+    s = np.concatenate(fields)[2:]
+    r = zarr.open_group(str(run / "running.zarr"), mode="r")
+    np.testing.assert_allclose(np.asarray(r["mean_white_noise"][...]), s.mean(0), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(r["var_white_noise"][...]), s.var(0, ddof=1), atol=1e-5)
+
+
+def test_extending_a_chain_continues_it_bit_for_bit(small_mock, chain, tmp_path):
+    """8 draws, then the same run directory with num_samples raised to 12 draws in all: the
+    draws and stats equal the 12-draw chain's, bitwise (state, adaptation and key resumed)."""
+    run = tmp_path / "run"
+    base = [*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}"]
+    assert nuts_main([*base, "inference.num_samples=2"]) == 0
+    assert complete_chunks(run) == [0, 1]
+    assert nuts_main([*base]) == 0
+    a, b = read_chunks(chain), read_chunks(run)
+    for part in ("draws", "stats"):
+        for name in a[part]:
+            if name != "seconds":
+                np.testing.assert_array_equal(a[part][name], b[part][name], err_msg=f"{part}.{name}")
+
+
+def _run(args, **kw):
+    return subprocess.run([sys.executable, "-m", "fli.cli.nuts", *args], capture_output=True, text=True, cwd=ROOT,
+                          **kw)
+
+
+@pytest.mark.parametrize("over, match", [
+    (["inference.num_warmup=-1"], "inference.num_warmup"),
+    (["inference.target_accept=1.5"], "inference.target_accept"),
+    (["inference.target_accept=0"], "inference.target_accept"),
+    (["inference.field_thin=3"], "inference.field_thin"),
+    (["inference.kernel=mala"], "inference.kernel"),
+    (["inference.chains_per_run=2"], "inference.chains_per_run"),
+])
+def test_bad_config_is_refused_and_nothing_written(small_mock, tmp_path, capsys, over, match):
+    run = tmp_path / "refused"
+    assert nuts_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", *over]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0], err
+    assert not run.exists()
+
+
+def test_init_from_a_map_of_another_mock_is_refused(small_mock, tmp_path, capsys):
+    other = tmp_path / "map_of_another_mock"
+    other.mkdir()
+    (other / "map.json").write_text(json.dumps({"params": {"Omega_c": 0.26, "sigma8": 0.8}}))
+    (other / "config.yaml").write_text(f"mock: {tmp_path / 'somewhere_else'}\n")
+    run = tmp_path / "run"
+    assert nuts_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", f"init={other}"]) == 2
+    err = capsys.readouterr().err
+    assert "is a MAP of mock=" in err and "not of mock=" in err
+    assert not (run / "chunks").exists()
+    assert nuts_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", f"init={tmp_path / 'nothing'}"]) == 2
+    assert "not 'prior', 'truth' or a fli-map run directory" in capsys.readouterr().err
+
+
+def test_resuming_with_another_model_config_is_refused(small_mock, chain, tmp_path, capsys):
+    run = tmp_path / "copy"
+    shutil.copytree(chain, run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.num_samples=10",
+                      "lensing.n_planes=2"]) == 2
+    err = capsys.readouterr().err
+    assert "lensing.n_planes" in err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # nothing changed
+
+
+def test_a_corrupt_checkpoint_is_refused_with_its_path(small_mock, chain, tmp_path, capsys):
+    run = tmp_path / "copy"
+    shutil.copytree(chain, run)
+    last = ckpt.latest_step(run / "checkpoints")
+    for p in (run / "checkpoints" / str(last) / "state").rglob("*"):
+        if p.is_file() and p.stat().st_size > 64:
+            p.write_bytes(p.read_bytes()[: p.stat().st_size // 3])  # truncated
+    code = nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.num_samples=10"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"checkpoints/{last}" in err, err
+    assert complete_chunks(run) == [0, 1, 2]  # the chunks written are still there
+
+
+@pytest.mark.slow
+def test_sigkill_mid_chunk_then_resume_matches_the_uninterrupted_chain(small_mock, chain, tmp_path):
+    """kill -9 while a chunk runs: the rerun resumes after the last complete chunk, loses and
+    duplicates none, and its draws equal the uninterrupted chain's bitwise."""
+    cut = tmp_path / "cut"
+    args = [*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={cut}", f"compilation_cache={tmp_path / 'cache'}"]
+    p = subprocess.Popen([sys.executable, "-m", "fli.cli.nuts", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while time.time() - t0 < 900 and p.poll() is None:
+        if complete_chunks(cut) == [0]:
+            break
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    done = complete_chunks(cut)
+    assert done and done[-1] < 2, "the chain finished before it was killed"
+    r = _run(args, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resuming after chunk {done[-1]}" in r.stderr, r.stderr[-3000:]
+    assert complete_chunks(cut) == [0, 1, 2]
+    a, b = read_chunks(chain), read_chunks(cut)
+    for part in ("draws", "stats"):
+        for name in a[part]:
+            if name != "seconds":
+                np.testing.assert_array_equal(a[part][name], b[part][name], err_msg=f"{part}.{name}")
+    assert os.path.isfile(cut / "nuts.json")
