@@ -36,6 +36,7 @@ import logging
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -425,6 +426,13 @@ def write_inference_data(run_dir: Path, post: Posterior, obs, attrs: dict) -> Pa
     """``posterior.nc`` from the complete chunks (process 0; replaced atomically)."""
     if jax.process_index() != 0:
         return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ArviZ's refactor notice and its automatic-dims notes
+        logging.getLogger("arviz").setLevel(logging.WARNING)  # "arviz_base not installed" chatter
+        return _write_inference_data(run_dir, post, obs, attrs)
+
+
+def _write_inference_data(run_dir: Path, post: Posterior, obs, attrs: dict) -> Path | None:
     import arviz as az  # noqa: PLC0415
 
     c = read_chunks(run_dir)
@@ -443,19 +451,21 @@ def write_inference_data(run_dir: Path, post: Posterior, obs, attrs: dict) -> Pa
     stat_keys.append("lp")
     spec = c["spectra"]
     obs_summary = {"noise_sigma": np.asarray(obs.noise_sigma, np.float64).reshape(-1)}
+    post_w = ~warm
     idata = az.from_dict(
-        posterior=split(c["draws"], names, ~warm),
-        sample_stats=split(st, stat_keys, ~warm),
+        posterior=split(c["draws"], names, post_w) if post_w.any() else None,
+        sample_stats=split(st, stat_keys, post_w) if post_w.any() else None,
         warmup_posterior=split(c["draws"], names, warm) if warm.any() else None,
         warmup_sample_stats=split(st, stat_keys, warm) if warm.any() else None,
         observed_data=obs_summary,
         save_warmup=bool(warm.any()),
         attrs={k: (json.dumps(v) if not isinstance(v, (str, int, float)) else v) for k, v in attrs.items()},
     )
-    pk = {"pk_white_noise": spec["pk_white_noise"][~warm][None], "pk_linear": spec["pk_linear"][~warm][None]}
-    idata.add_groups({"field_summaries": pk}, coords={"k_bin": np.arange(len(spec["k"]))},
-                     dims={"pk_white_noise": ["k_bin"], "pk_linear": ["k_bin"]})
-    idata.field_summaries.attrs["k"] = json.dumps(np.asarray(spec["k"]).tolist())
+    if post_w.any():
+        pk = {"pk_white_noise": spec["pk_white_noise"][post_w][None], "pk_linear": spec["pk_linear"][post_w][None]}
+        idata.add_groups({"field_summaries": pk}, coords={"k_bin": np.arange(len(spec["k"]))},
+                         dims={"pk_white_noise": ["k_bin"], "pk_linear": ["k_bin"]})
+        idata.field_summaries.attrs["k"] = json.dumps(np.asarray(spec["k"]).tolist())
     tmp = run_dir / (POSTERIOR_NC + ".tmp")
     idata.to_netcdf(str(tmp), engine="h5netcdf")
     os.replace(tmp, run_dir / POSTERIOR_NC)

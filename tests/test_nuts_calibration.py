@@ -1,0 +1,123 @@
+"""fli-nuts calibrated on a posterior known in closed form.
+
+The linear forward (``simulation.forward=linear``) at fixed cosmology (``prior.sample=[]``)
+makes kappa linear in the white noise, so the posterior of s is Gaussian:
+
+    U(s) = 0.5 |s|^2 + 0.5 |W (J s - d)|^2,   H = I + J^T W^2 J,   mean = -H^-1 grad U(0).
+
+Conjugate gradients (fli.infer.laplace.cg on exact Hessian-vector products) give the mean and
+the variance ``v^T H^-1 v`` of chosen Fourier modes ``v`` of s (unit-norm cos and sin waves).
+The chain's sample mean and variance of the same projections must match within Monte Carlo
+error, judged with ArviZ's ESS: |mean - m| < 4 sd / sqrt(ESS) with the ESS of each projection,
+and |var / v - 1| < 4 sqrt(2 / ESS2) with the ESS of its squared deviation (a Gaussian's
+variance estimate has relative sd sqrt(2/n));
+at 4 sigma a false alarm over the 8 projections has probability ~5e-4.
+"""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fli.cli.common import compose
+from fli.cli.mock import main as mock_main
+from fli.cli.nuts import main as nuts_main
+from tests.posterior_setup import SMALL
+
+# a deep survey (sigma_e 0.05): the data then dominate the largest modes, so the check covers
+# a posterior far from the prior as well as modes left to it
+LINEAR = [*SMALL, "simulation.forward=linear", "prior.sample=[]", "survey.sigma_e=0.05"]
+# (kx, ky, kz) integer wavenumbers: the largest transverse scales (constrained by the data)
+# and small scales (left to the prior), so both regimes are checked
+MODES = [(1, 0, 0), (0, 1, 1), (2, 1, 3), (3, 3, 12)]
+
+
+def _mode_vectors(shape):
+    x, y, z = np.meshgrid(*(np.arange(n) for n in shape), indexing="ij")
+    out = []
+    n = np.prod(shape)
+    for kx, ky, kz in MODES:
+        ph = 2 * np.pi * (kx * x / shape[0] + ky * y / shape[1] + kz * z / shape[2])
+        out += [np.cos(ph) * np.sqrt(2 / n), np.sin(ph) * np.sqrt(2 / n)]
+    return np.stack(out).astype(np.float32)  # [2 * len(MODES), nx, ny, nz], unit norm
+
+
+@pytest.mark.slow
+def test_nuts_matches_the_gaussian_posterior_of_the_linear_forward(tmp_path):
+    import arviz as az
+    import zarr
+
+    from fli.infer.laplace import cg
+    from fli.infer.map import prepare
+    from fli.infer.model import Latents
+    from fli.infer.nuts import complete_chunks, read_chunks
+
+    mock, run = tmp_path / "mock", tmp_path / "nuts"
+    assert mock_main([*LINEAR, f"run_dir={mock}"]) == 0
+    warm, draws = 300, 600
+    assert nuts_main([*LINEAR, f"mock={mock}", f"run_dir={run}", f"inference.num_warmup={warm}",
+                      f"inference.num_samples={draws}", "inference.chunk=100", "inference.field_thin=1",
+                      "inference.max_tree_depth=7", "seed=11"]) == 0
+    st = read_chunks(run)["stats"]
+    post_w = np.arange(warm + draws) >= warm
+    assert int(st["diverging"][post_w].sum()) == 0
+
+    # the chain's projections onto the modes
+    vs = _mode_vectors((8, 8, 32))
+    proj = []
+    for i in complete_chunks(run):
+        f = zarr.open_group(str(run / "chunks" / f"chunk_{i:05d}" / "fields.zarr"), mode="r")
+        s = np.asarray(f["white_noise"][...])
+        proj.append(np.einsum("dxyz,mxyz->dm", s, vs))
+    proj = np.concatenate(proj)[warm:]
+    assert proj.shape == (draws, len(vs))
+
+    # the analytic posterior: the same observation and posterior as fli-nuts built
+    cfg, _ = compose([*LINEAR, f"mock={mock}"])
+    _, post, data = prepare(cfg, logging.getLogger("test"), compare_truth=False)
+    theta = jnp.zeros((0,), jnp.float32)
+    g = post.fwd.grid
+
+    def grad_s(s, data):
+        return jax.grad(lambda s: post.potential(Latents(theta, s), data))(s)
+
+    @jax.jit
+    def solve(b, data):
+        zero = jnp.zeros(g.shape, g.jdtype)
+        g0 = grad_s(zero, data)
+        hvp = lambda x: grad_s(x, data) - g0  # U is quadratic: exact
+        x, info = cg(hvp, b, tol=1e-5, maxiter=4000)  # float32: 1e-5 is reachable, and far below the MC error
+        return x, info.converged
+
+    zero = jnp.zeros(g.shape, g.jdtype)
+    mean_s, ok = solve(-grad_s(zero, data), data)
+    assert bool(ok)
+    mean_s = np.asarray(mean_s)
+    m_true = np.einsum("xyz,mxyz->m", mean_s, vs)
+    v_true = []
+    for v in vs:
+        x, ok = solve(jnp.asarray(v), data)
+        assert bool(ok)
+        v_true.append(float(np.sum(np.asarray(x) * v)))
+    v_true = np.asarray(v_true)
+    # the data constrain the first modes (posterior variance 0.73-0.75 of the prior's, measured;
+    # the projection spreads a map pixel's information over many 3D modes) and leave the last
+    assert v_true.min() < 0.8 and v_true.max() > 0.99, v_true
+
+    # the mean's Monte Carlo error uses the ESS of the projection; the variance's, the ESS of
+    # its squared deviation (NUTS's draws are anticorrelated in the first moment, ESS > n, but
+    # not in the second, so the mean's ESS would overstate the variance's precision)
+    ess = np.asarray([float(az.ess(proj[None, :, j])) for j in range(len(vs))])
+    ess2 = np.asarray([float(az.ess(((proj[:, j] - m_true[j]) ** 2)[None])) for j in range(len(vs))])
+    assert np.all(ess > 50) and np.all(ess2 > 50), (ess, ess2)
+    m_hat, v_hat = proj.mean(0), proj.var(0, ddof=1)
+    z_mean = (m_hat - m_true) / np.sqrt(v_true / ess)
+    z_var = (v_hat / v_true - 1) / np.sqrt(2 / ess2)
+    report = "\n".join(f"mode {MODES[j // 2]} {'cos' if j % 2 == 0 else 'sin'}: mean {m_hat[j]:+.3f} vs {m_true[j]:+.3f}"
+                       f" (z {z_mean[j]:+.2f}), var {v_hat[j]:.3f} vs {v_true[j]:.3f} (z {z_var[j]:+.2f}), "
+                       f"ESS {ess[j]:.0f} / {ess2[j]:.0f}" for j in range(len(vs)))
+    print(report)
+    assert np.all(np.abs(z_mean) < 4), report
+    assert np.all(np.abs(z_var) < 4), report
