@@ -1,0 +1,344 @@
+"""fli-nuts on several processes: scripts/launch_local.py, mpirun, srun; a process that dies.
+
+The chain (SMALL posterior, float64, 3 warm-up + 3 draws in chunks of 3, tree depth <= 3,
+every draw's field kept) runs as 1 process x 4 devices and as 2 processes x 2 devices (pdims
+[2, 2] both) through each launcher; tree depths must be equal and positions agree to 1e-8. One
+U-turn decided differently would change a tree depth and separate the chains for good, so
+this tests that the multi-process program computes what the one-process program does.
+The multi-process programs of the three launchers are the same, so the second and third reuse
+the first's compiled programs through a compilation cache shared by the module.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fli.infer.nuts import complete_chunks, read_chunks
+from tests.posterior_setup import SMALL
+from tests.test_multiprocess import ROOT, free_port
+
+LAUNCH = [sys.executable, str(ROOT / "scripts" / "launch_local.py")]
+NUTS = [sys.executable, "-m", "fli.cli.nuts"]
+CHAIN = ["inference.num_warmup=3", "inference.num_samples=3", "inference.chunk=3", "inference.field_thin=1",
+         "inference.max_tree_depth=3", "seed=3", "simulation.dtype=float64", "progress=false",
+         "distributed.pdims=[2,2]"]
+# float64 throughout: the same program on another layout or over gloo differs only in the
+# order of its sums (~1e-16 relative per operation); 1e-8 leaves room for 6 draws of leapfrog
+# amplification and still catches any U-turn decided differently (that moves positions O(0.1))
+TOL = 1e-8
+
+
+def _env(**extra) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS="", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+# --------------------------------------------------------------------------- the launcher itself
+
+
+def _launch_py(code: str, n: int, timeout: float = 60):
+    t0 = time.monotonic()
+    r = subprocess.run([*LAUNCH, "-n", str(n), "--grace", "2", "--", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=timeout, env=_env())
+    return r, time.monotonic() - t0
+
+
+# each process reads its rank from the override the launcher appends (distributed.process_id=<r>)
+_RANK = "import os, sys, time; r = int([a for a in sys.argv if 'process_id' in a][0].split('=')[1]); "
+
+
+@pytest.mark.multiprocess
+def test_launcher_prefixes_output_and_passes_the_distributed_overrides():
+    r, _ = _launch_py(_RANK + "print('hello', sys.argv[1:])", n=2)
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        line = next(ln for ln in r.stdout.splitlines() if ln.startswith(f"[{rank}] hello"))
+        assert f"distributed.process_id={rank}" in line and "distributed.num_processes=2" in line
+        assert "distributed.coordinator=127.0.0.1:" in line
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("how, status, text", [
+    ("sys.exit(3)", 3, "rank 1 failed (exit code 3)"),
+    ("os.kill(os.getpid(), 9)", 128 + 9, "rank 1 failed (killed by SIGKILL)"),
+])
+def test_launcher_stops_the_others_when_one_rank_fails(how, status, text):
+    """Rank 1 fails after 1 s while ranks 0 and 2 would sleep 120 s (and rank 2 ignores SIGTERM):
+    the launcher exits with rank 1's status, names it, and is done within grace (2 s) + polling."""
+    code = _RANK + ("import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN) if r == 2 else None; "
+                    f"time.sleep(1); {how} if r == 1 else time.sleep(120)")
+    r, dt = _launch_py(code, n=3)
+    assert r.returncode == status, (r.returncode, r.stderr)
+    assert text in r.stderr and "stopping rank(s) 0, 2" in r.stderr, r.stderr
+    assert dt < 10, dt  # measured ~3.5 s: 1 s to fail, 2 s grace for the rank that ignores SIGTERM
+
+
+# --------------------------------------------------------------------------- shared set-up
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("jaxcache")
+
+
+@pytest.fixture(scope="module")
+def mock(tmp_path_factory, cache):
+    from fli.cli.mock import main as mock_main
+
+    run = tmp_path_factory.mktemp("mock") / "run"
+    assert mock_main([*SMALL, f"run_dir={run}", f"compilation_cache={cache}"]) == 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def one_process(mock, cache, tmp_path_factory):
+    """The reference: 1 process x 4 CPU devices, pdims [2, 2]."""
+    run = tmp_path_factory.mktemp("nuts") / "one"
+    r = subprocess.run([*NUTS, *SMALL, *CHAIN, f"mock={mock}", f"run_dir={run}", f"compilation_cache={cache}",
+                        "distributed.local_device_count=4"], capture_output=True, text=True, cwd=ROOT,
+                       env=_env(), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run
+
+
+def _fields(run: Path) -> dict[str, np.ndarray]:
+    import zarr
+
+    out = {}
+    for i in complete_chunks(run):
+        g = zarr.open_group(str(run / "chunks" / f"chunk_{i:05d}" / "fields.zarr"), mode="r")
+        for name in ("white_noise", "kappa"):
+            out.setdefault(name, []).append(np.asarray(g[name][...]))
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def compare_chains(ref: Path, other: Path) -> dict[str, float]:
+    """Assert equal tree depths and positions within TOL; return max |diff| per quantity."""
+    a, b = read_chunks(ref), read_chunks(other)
+    assert complete_chunks(ref) == complete_chunks(other) == [0, 1]
+    np.testing.assert_array_equal(b["stats"]["tree_depth"], a["stats"]["tree_depth"], err_msg="tree_depth")
+    np.testing.assert_array_equal(b["stats"]["n_steps"], a["stats"]["n_steps"], err_msg="n_steps")
+    diffs = {}
+    for name in ("Omega_c", "sigma8"):
+        diffs[name] = float(np.max(np.abs(b["draws"][name] - a["draws"][name])))
+    fa, fb = _fields(ref), _fields(other)
+    assert fa["white_noise"].shape == fb["white_noise"].shape == (6, 8, 8, 32)
+    for name in fa:
+        diffs[name] = float(np.max(np.abs(fb[name] - fa[name])))
+    print(f"max |diff| vs 1 process x 4 devices: {diffs}")
+    for name in ("Omega_c", "sigma8", "white_noise"):
+        assert diffs[name] <= TOL, (name, diffs)
+    return diffs
+
+
+# --------------------------------------------------------------------------- SLURM on this machine
+
+
+def _sinfo_up(env: dict) -> bool:
+    try:
+        r = subprocess.run(["sinfo", "-h", "-o", "%a"], capture_output=True, text=True, timeout=10, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0 and "up" in r.stdout
+
+
+def _munge_ok() -> bool:
+    try:
+        enc = subprocess.run(["munge", "-n"], capture_output=True, timeout=10)
+        dec = subprocess.run(["unmunge"], input=enc.stdout, capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return enc.returncode == 0 and dec.returncode == 0
+
+
+_SLURM_CONF = """ClusterName=fli-test
+SlurmctldHost={host}
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd.pid
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/slurmd.log
+SlurmUser=root
+ReturnToService=2
+MpiDefault=none
+NodeName={host} CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+"""
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """The environment for ``srun``: a SLURM cluster that answers, else a one-node cluster
+    started here (slurmctld + slurmd on this host, munge; needs root and Debian's slurm-wlm and
+    munge), stopped afterwards. Skips, saying why, where neither is possible."""
+    if shutil.which("srun") is None or shutil.which("slurmctld") is None:
+        pytest.skip("SLURM is not installed (Debian: apt-get install slurm-wlm munge)")
+    env = _env()
+    if _sinfo_up(env):
+        yield env
+        return
+    if os.geteuid() != 0:
+        pytest.skip("no SLURM cluster answers sinfo, and starting a local one needs root")
+    started: list[Path] = []
+    if not _munge_ok():
+        if not Path("/etc/munge/munge.key").is_file() or shutil.which("munged") is None:
+            pytest.skip("munge is not installed or has no key (/etc/munge/munge.key)")
+        os.makedirs("/run/munge", exist_ok=True)
+        subprocess.run(["chown", "-R", "munge:munge", "/run/munge", "/var/lib/munge", "/var/log/munge"],
+                       capture_output=True)
+        subprocess.run(["su", "-s", "/bin/sh", "munge", "-c", "/usr/sbin/munged"], capture_output=True, timeout=30)
+        time.sleep(1)
+        if not _munge_ok():
+            pytest.skip("munged could not be started, so SLURM cannot authenticate")
+        started.append(Path("/run/munge/munged.pid"))
+    d = Path(tempfile.mkdtemp(prefix="fli-slurm-"))
+    for sub in ("state", "spool"):
+        (d / sub).mkdir()
+    host = socket.gethostname().split(".")[0]
+    conf = d / "slurm.conf"
+    conf.write_text(_SLURM_CONF.format(host=host, ctld_port=_port(), d_port=_port(), d=d, cpus=os.cpu_count()))
+    env["SLURM_CONF"] = str(conf)
+    for daemon, pid in (("slurmctld", "slurmctld.pid"), ("slurmd", "slurmd.pid")):
+        r = subprocess.run([daemon, "-f", str(conf)], capture_output=True, text=True, timeout=60, env=env)
+        if r.returncode != 0:
+            _stop_daemons([d / "slurmd.pid", d / "slurmctld.pid", *started])
+            pytest.skip(f"{daemon} did not start: {r.stderr.strip()[-300:]}")
+        started.insert(0, d / pid)
+    t0 = time.monotonic()
+    while not _sinfo_up(env) and time.monotonic() - t0 < 30:
+        time.sleep(0.5)
+    if not _sinfo_up(env):
+        _stop_daemons(started)
+        pytest.skip(f"the local SLURM cluster did not come up in 30 s (logs in {d})")
+    yield env
+    _stop_daemons(started, env)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _stop_daemons(pidfiles: list[Path], env: dict | None = None) -> None:
+    """SIGTERM the daemons this fixture started, by the ids in their pid files, one after the
+    other (slurmd, slurmctld, munged), once the cluster has no job left (so that no step
+    daemon is left waiting for a slurmd that is gone)."""
+    t0 = time.monotonic()
+    while env is not None and time.monotonic() - t0 < 15:
+        r = subprocess.run(["squeue", "-h"], capture_output=True, text=True, env=env, timeout=10)
+        if r.returncode or not r.stdout.strip():
+            break
+        time.sleep(0.5)
+    for f in pidfiles:
+        try:
+            pid = int(f.read_text().split()[0])
+            os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError):
+            continue
+        t1 = time.monotonic()
+        while Path(f"/proc/{pid}").exists() and time.monotonic() - t1 < 10:
+            time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- the same chain everywhere
+
+
+def _mpirun_env() -> dict:
+    # Open MPI as root, more ranks than cores; no inherited SLURM/OMPI job variables
+    env = {k: v for k, v in _env().items() if not k.startswith(("SLURM_", "OMPI_", "PMI"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    return env
+
+
+def _two_process_argv(launcher: str, args: list[str]) -> list[str]:
+    if launcher == "launch_local":
+        return [*LAUNCH, "-n", "2", "--devices-per-process", "2", "--", *NUTS, *args]
+    dev = ["distributed.local_device_count=2"]
+    if launcher == "mpirun":
+        return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", *NUTS, *args, *dev]
+    return ["srun", "-n", "2", "-N", "1", "--overlap", "--kill-on-bad-exit=1", *NUTS, *args, *dev]
+
+
+@pytest.mark.slow  # ~1.5 min for the reference, 2-3 min for the first launcher, ~1 min for each other
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("launcher", ["launch_local", "mpirun", "srun"])
+def test_two_processes_reproduce_the_one_process_chain(launcher, mock, one_process, cache, tmp_path, request):
+    """2 processes x 2 devices through ``launcher`` = 1 process x 4 devices, draw for draw."""
+    if launcher == "mpirun" and shutil.which("mpirun") is None:
+        pytest.skip("Open MPI's mpirun is not installed (Debian: openmpi-bin)")
+    env = request.getfixturevalue("slurm") if launcher == "srun" else (
+        _mpirun_env() if launcher == "mpirun" else _env())
+    run = tmp_path / launcher
+    args = [*SMALL, *CHAIN, f"mock={mock}", f"run_dir={run}", f"compilation_cache={cache}"]
+    r = subprocess.run(_two_process_argv(launcher, args), capture_output=True, text=True, cwd=ROOT, env=env,
+                       timeout=900)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    assert "2 process(es), 4 device(s)" in r.stdout + r.stderr
+    compare_chains(one_process, run)
+
+
+# --------------------------------------------------------------------------- a process that dies
+
+
+@pytest.mark.slow  # ~1.5 min (compiles the 2-process program unless the test above ran first)
+@pytest.mark.multiprocess
+def test_a_killed_process_stops_its_peer_in_bounded_time(mock, cache, tmp_path):
+    """No launcher watching (as under a bare mpirun or srun): 2 fli-nuts processes, rank 1
+    SIGKILLed once the first chunk is written; rank 0 must exit non-zero within the heartbeat
+    timeout (10 s here) plus a margin, saying that a task died. Measured: ~11 s."""
+    heartbeat = 10
+    run, port = tmp_path / "run", free_port()
+    args = [*NUTS, *SMALL, *CHAIN, "inference.num_samples=300", f"mock={mock}", f"run_dir={run}",
+            f"compilation_cache={cache}", f"distributed.coordinator=127.0.0.1:{port}",
+            "distributed.num_processes=2", "distributed.local_device_count=2"]
+    env = _env(FLI_HEARTBEAT_TIMEOUT=str(heartbeat))
+    logs = [open(tmp_path / f"rank{i}.log", "w+") for i in range(2)]
+    procs = [subprocess.Popen([*args, f"distributed.process_id={i}"], cwd=ROOT, env=env, stdout=logs[i],
+                              stderr=subprocess.STDOUT) for i in range(2)]
+    try:
+        t0 = time.monotonic()
+        while not complete_chunks(run) and time.monotonic() - t0 < 900 and all(p.poll() is None for p in procs):
+            time.sleep(0.05)
+        assert all(p.poll() is None for p in procs) and complete_chunks(run), "no chunk written before the kill"
+        procs[1].send_signal(signal.SIGKILL)
+        t_kill = time.monotonic()
+        try:
+            code = procs[0].wait(timeout=heartbeat + 60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"rank 0 still running {heartbeat + 60} s after rank 1 was killed")
+        dt = time.monotonic() - t_kill
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    logs[0].seek(0)
+    out = logs[0].read()
+    for f in logs:
+        f.close()
+    print(f"rank 0 exited with status {code} {dt:.1f} s after rank 1 was killed")
+    assert code != 0
+    assert dt < heartbeat + 20, dt
+    assert "Task 1 heartbeat timeout" in out or "another task died" in out, out[-3000:]
+    assert len(complete_chunks(run)) < 101  # it did stop: 300 draws in chunks of 3 would be 101 chunks
