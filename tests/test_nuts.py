@@ -76,6 +76,7 @@ def test_a_chain_writes_its_chunks_and_inference_data(chain):
         assert name in idata.sample_stats, name
     np.testing.assert_array_equal(idata.posterior["sigma8"].values[0], d["sigma8"][6:])
     assert "config" in idata.attrs and json.loads(idata.attrs["pdims"]) == [1, 1]
+    assert idata.observed_data["kappa_obs_std"].shape == (2,) and np.all(idata.observed_data["kappa_obs_std"] > 0)
     assert float(az.bfmi(idata)[0]) > 0  # E-BFMI needs the energies, so they must be there
     # thinned fields: every 2nd draw of each chunk (the running mean is checked against the
     # fields in the next test, which keeps them all)
@@ -207,3 +208,15 @@ def test_sigkill_mid_chunk_then_resume_matches_the_uninterrupted_chain(small_moc
             if name != "seconds":
                 np.testing.assert_array_equal(a[part][name], b[part][name], err_msg=f"{part}.{name}")
     assert os.path.isfile(cut / "nuts.json")
+
+
+@pytest.mark.slow  # ~40 s on 2 cores (another compile)
+def test_hmc_kernel_takes_its_fixed_number_of_steps(small_mock, tmp_path):
+    run = tmp_path / "hmc"
+    assert nuts_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", "inference.kernel=hmc", "inference.num_steps=5",
+                      "inference.num_warmup=3", "inference.num_samples=3", "inference.chunk=3",
+                      "inference.field_thin=3"]) == 0
+    st = read_chunks(run)["stats"]
+    np.testing.assert_array_equal(st["n_steps"], np.full(6, 5))
+    np.testing.assert_array_equal(st["gradient_evals"], 1 + 5 * np.arange(1, 7))
+    assert json.loads((run / "nuts.json").read_text())["kernel"] == "hmc"

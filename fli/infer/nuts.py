@@ -422,6 +422,24 @@ def read_chunks(run_dir: Path, which=None) -> dict:
     return out
 
 
+def kappa_summary(obs) -> dict:
+    """Per-bin mean, standard deviation and pixel count of the observed kappa (every process
+    calls it: a sharded map is reduced where it lives, only scalars come back)."""
+    k = obs.kappa_obs
+    mask = None if obs.mask is None else np.asarray(obs.mask, bool)
+    if isinstance(k, jax.Array) and not k.is_fully_addressable:
+        mean = _host(jax.jit(lambda x: jnp.mean(x, axis=(1, 2)))(k))
+        std = _host(jax.jit(lambda x: jnp.std(x, axis=(1, 2)))(k))
+        n = np.full(mean.shape, k.shape[1] * k.shape[2])
+    else:
+        a = np.asarray(k, np.float64)
+        m = np.ones(a.shape[1:], bool) if mask is None else mask
+        mean, std = a[:, m].mean(1), a[:, m].std(1)
+        n = np.full(mean.shape, int(m.sum()))
+    return {"kappa_obs_mean": np.asarray(mean, np.float64), "kappa_obs_std": np.asarray(std, np.float64),
+            "kappa_obs_pixels": n}
+
+
 def write_inference_data(run_dir: Path, post: Posterior, obs, attrs: dict) -> Path | None:
     """``posterior.nc`` from the complete chunks (process 0; replaced atomically)."""
     if jax.process_index() != 0:
@@ -450,7 +468,7 @@ def _write_inference_data(run_dir: Path, post: Posterior, obs, attrs: dict) -> P
     st["lp"] = -st["potential_energy"]
     stat_keys.append("lp")
     spec = c["spectra"]
-    obs_summary = {"noise_sigma": np.asarray(obs.noise_sigma, np.float64).reshape(-1)}
+    obs_summary = {"noise_sigma": np.asarray(obs.noise_sigma, np.float64).reshape(-1), **attrs.pop("_observed")}
     post_w = ~warm
     idata = az.from_dict(
         posterior=split(c["draws"], names, post_w) if post_w.any() else None,
@@ -541,6 +559,7 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
              "start: %s", icfg.kernel.upper(), post.dim, "x".join(map(str, grid.shape)),
              ", ".join(names), icfg.num_warmup, icfg.num_samples, icfg.chunk, post.fwd.kind, post.fwd.lightcone,
              init_desc.get("init") if isinstance(init_desc, dict) else init_desc)
+    observed = kappa_summary(obs)  # a collective where the map is sharded over processes
     attrs = {"config": yaml.safe_dump(resolved, sort_keys=False), "pdims": list(grid.pdims),
              "layout": "flat P(('x','y')), per-device [field block | tail]", "kernel": icfg.kernel,
              "energy_offset": post.energy_offset + 0.5 * lay.size, "init": init_desc}
@@ -568,7 +587,7 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
                 "init": init_desc, "time": time.time(), "layout_size": lay.size, "n_params": post.prior.n}
         ckpt.save_checkpoint(ckpt_dir, i, _state(kstate, acc), meta)
         mark_chunk(run_dir, i)
-        write_inference_data(run_dir, post, obs, {**attrs, "seconds": seconds0})
+        write_inference_data(run_dir, post, obs, {**attrs, "seconds": seconds0, "_observed": observed})
         n_div_post += int(np.sum(_host(draws.info.diverging)[np.arange(done - n, done) >= icfg.num_warmup]))
         _progress(log, icfg, done, total, draws, acc, dt / n, n_div_post, time.perf_counter() - t_start, i, chunk0)
         i += 1
