@@ -220,3 +220,43 @@ def test_hmc_kernel_takes_its_fixed_number_of_steps(small_mock, tmp_path):
     np.testing.assert_array_equal(st["n_steps"], np.full(6, 5))
     np.testing.assert_array_equal(st["gradient_evals"], 1 + 5 * np.arange(1, 7))
     assert json.loads((run / "nuts.json").read_text())["kernel"] == "hmc"
+
+
+@pytest.mark.parametrize("old, new", [((2, 2), (1, 2)), pytest.param((1, 1), (2, 4), marks=pytest.mark.slow),
+                                      pytest.param((2, 4), (4, 2), marks=pytest.mark.slow)])
+def test_the_relayout_permutation_carries_the_field_and_parameters(old, new):
+    """A flat vector packed on one layout, permuted, equals the same field and parameters
+    packed on the other (fli/infer/relayout.py); new dummies are marked -1."""
+    import jax
+    import jax.numpy as jnp
+
+    from fli.infer.layout import FlatLayout
+    from fli.infer.relayout import permutation
+    from fli.sharding import make_mesh, white_noise
+
+    shape, n = (8, 8, 4), 2
+    field = white_noise(1, shape, make_mesh(old))
+    theta = jnp.asarray([0.3, -1.2], jnp.float32)
+    a = np.asarray(FlatLayout(shape, make_mesh(old), n).pack(theta, field))
+    b = np.asarray(FlatLayout(shape, make_mesh(new), n).pack(theta, jax.device_put(np.asarray(field))))
+    src = permutation(shape, old, new, n)
+    assert src.shape == b.shape
+    moved = np.where(src >= 0, a[np.maximum(src, 0)], 0.0)
+    np.testing.assert_array_equal(moved, b)  # dummies are 0 in both packs
+
+
+@pytest.mark.slow  # ~1 min on 2 cores (a second layout compiles its own programs)
+def test_resume_on_another_device_layout_continues_the_chain(small_mock, chain, tmp_path, caplog):
+    run = tmp_path / "relayout"
+    base = [*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}"]
+    assert nuts_main([*base, "inference.num_samples=2"]) == 0  # 8 draws on pdims (1, 1)
+    assert nuts_main([*base, "distributed.pdims=[2,2]"]) == 0  # 4 more on (2, 2)
+    assert complete_chunks(run) == [0, 1, 2]
+    a, b = read_chunks(chain), read_chunks(run)
+    # the first 8 draws are the uninterrupted chain's; the last 4 continue from its state on
+    # the new layout (another momentum order, so not the same draws, but the same posterior)
+    np.testing.assert_array_equal(a["draws"]["sigma8"][:8], b["draws"]["sigma8"][:8])
+    assert np.all(np.isfinite(b["draws"]["sigma8"])) and b["stats"]["gradient_evals"][-1] > \
+        b["stats"]["gradient_evals"][7]
+    # the step size adapted on (1, 1) carries over: the warm-up is over, it no longer changes
+    assert np.all(b["stats"]["step_size"][8:] == b["stats"]["step_size"][7])
