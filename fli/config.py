@@ -289,6 +289,41 @@ class DistributedConfig:
 
 
 @dataclass
+class DiagnoseConfig:
+    """``fli-diagnose``: the bands of its checks (docs/diagnose.md) and what it draws.
+
+    A check passes when its number is on the good side of ``*_pass``, warns when it is on the
+    good side of ``*_warn`` only, and fails otherwise. Divergences pass only when there are none.
+    """
+
+    rhat_pass: float = 1.01  # rank-normalised split R-hat < rhat_pass
+    rhat_warn: float = 1.05
+    ess_pass: float = 400.0  # bulk and tail ESS > ess_pass (the chains together)
+    ess_warn: float = 100.0
+    bfmi_pass: float = 0.3  # E-BFMI of every chain > bfmi_pass
+    bfmi_warn: float = 0.2
+    divergence_warn: float = 0.001  # fraction of post-warm-up draws; none passes
+    tree_depth_pass: float = 0.05  # fraction of draws at the run's max_tree_depth < tree_depth_pass
+    tree_depth_warn: float = 0.20
+    figures: bool = True
+    residual_draws: int = 3  # thinned draws shown in the posterior-predictive residual maps
+
+    def __post_init__(self) -> None:
+        _check(_finite(self.rhat_pass, self.rhat_warn) and 1 < self.rhat_pass <= self.rhat_warn,
+               "diagnose.rhat_pass/rhat_warn", "1 < rhat_pass <= rhat_warn", (self.rhat_pass, self.rhat_warn))
+        _check(_finite(self.ess_pass, self.ess_warn) and self.ess_pass >= self.ess_warn > 0,
+               "diagnose.ess_pass/ess_warn", "ess_pass >= ess_warn > 0", (self.ess_pass, self.ess_warn))
+        _check(_finite(self.bfmi_pass, self.bfmi_warn) and self.bfmi_pass >= self.bfmi_warn >= 0,
+               "diagnose.bfmi_pass/bfmi_warn", "bfmi_pass >= bfmi_warn >= 0", (self.bfmi_pass, self.bfmi_warn))
+        _check(_finite(self.divergence_warn) and 0 <= self.divergence_warn < 1, "diagnose.divergence_warn",
+               "a fraction in [0, 1)", self.divergence_warn)
+        _check(_finite(self.tree_depth_pass, self.tree_depth_warn)
+               and 0 < self.tree_depth_pass <= self.tree_depth_warn <= 1, "diagnose.tree_depth_pass/tree_depth_warn",
+               "fractions 0 < tree_depth_pass <= tree_depth_warn <= 1", (self.tree_depth_pass, self.tree_depth_warn))
+        _check(self.residual_draws >= 0, "diagnose.residual_draws", ">= 0", self.residual_draws)
+
+
+@dataclass
 class Config:
     cosmology: CosmologyConfig = field(default_factory=CosmologyConfig)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
@@ -297,9 +332,12 @@ class Config:
     prior: PriorConfig = field(default_factory=PriorConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
     seed: int = 0
     run_dir: Optional[str] = None  # default: outputs/<command>/<timestamp>
     mock: Optional[str] = None  # path of a fli-mock run directory (for fli-map / fli-nuts)
+    runs: Optional[list[str]] = None  # fli-diagnose: fli-nuts run directories
+    sweep: Optional[str] = None  # fli-diagnose: a fli-nuts multirun directory (each job subdirectory a run)
     init: Optional[str] = None  # fli-nuts start: null/"prior", "truth" (a mock's), or a fli-map run dir
     progress: bool = True
     compilation_cache: Optional[str] = "~/.cache/fli/jax"  # JAX's persistent compilation cache; null: off

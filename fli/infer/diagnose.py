@@ -1,0 +1,513 @@
+"""``fli-diagnose``'s work: read fli-nuts chains, combine them, ArviZ's diagnostics, verdicts.
+
+The chains are read from the complete chunks of each run (``chunks/chunk_<i>`` with its
+``DONE`` file, :func:`fli.infer.nuts.complete_chunks`), so a chain still sampling can be read
+at any moment: a chunk being written (``chunks/.chunk_<i>.tmp``) is not looked at. Every
+number comes from ArviZ 0.23's own functions on one InferenceData of the chains, truncated to
+the shortest chain's post-warm-up draws:
+
+* convergence: ``az.rhat`` (rank-normalised split R-hat), ``az.ess`` (bulk, tail),
+  ``az.mcse`` (of the mean and of the standard deviation), per parameter (the sampled ones,
+  ``Omega_m``, ``S8``), and the same per bin of the white noise's power spectrum of the draws
+  (``field_summaries.pk_white_noise``), reported as their minimum and harmonic mean (not
+  Vats' multivariate ESS, another quantity);
+* sampler health: divergences after warm-up, ``az.bfmi`` (E-BFMI) per chain, the fraction of
+  draws at the run's ``inference.max_tree_depth`` (NUTS), step size and acceptance per chain;
+* efficiency: ESS per 1000 gradient evaluations and per hour of sampling, both summed over
+  the chains' post-warm-up draws that were used (cumulative ``gradient_evals`` and ``seconds``
+  of ``stats.npz``).
+
+Each check has pass/warn bands (:class:`fli.config.DiagnoseConfig`); the overall verdict is the
+worst check. Outputs (:func:`run_diagnose`): ``diagnostics.json``, ``chains.nc`` (the combined
+InferenceData), figures and ``report.html`` (:mod:`fli.infer.diagnose_report`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from fli.config import ConfigError, DiagnoseConfig
+from fli.infer.nuts import CHUNKS, complete_chunks, read_chunks
+
+DIAGNOSTICS_JSON = "diagnostics.json"
+CHAINS_NC = "chains.nc"
+STAT_KEYS = ("diverging", "energy", "tree_depth", "n_steps", "step_size", "acceptance_rate", "lp", "gradient_evals")
+# config keys on which chains may differ and still be chains of one posterior: the seed, the
+# run directory, the device layout, progress, the draw counts, and what only places or starts a
+# run (the start differs between chains on purpose: R-hat compares chains from spread starts)
+MAY_DIFFER = ("seed", "run_dir", "distributed", "progress", "compilation_cache", "name", "init",
+              "inference.num_samples", "inference.num_warmup", "inference.chunk", "inference.field_thin",
+              "inference.init_redraw", "inference.map", "diagnose", "runs", "sweep")
+VERDICTS = ("pass", "warn", "fail")
+EXIT_STATUS = {"pass": 0, "warn": 1, "fail": 2}
+
+
+@dataclasses.dataclass
+class Chain:
+    """One fli-nuts run as read: its post-warm-up draws and the cumulative counters.
+
+    ``draws``/``stats``/``pk``: post-warm-up values ``[n_post]`` (``pk`` ``[n_post, n_k]``);
+    ``grads0``/``seconds0``: cumulative gradient evaluations and seconds before the first
+    post-warm-up draw; ``k``: the spectra's bin centres [h/Mpc].
+    """
+
+    run: Path
+    config: dict
+    draws: dict
+    stats: dict
+    pk: dict
+    k: np.ndarray
+    n_warmup: int
+    num_warmup: int
+    chunks: list[int]
+    grads0: float
+    seconds0: float
+    notes: list[str]
+
+    @property
+    def n_post(self) -> int:
+        return int(self.draws["draw"].size)
+
+
+# ================================================================ reading the runs
+
+
+def find_runs(runs: list[str] | None, sweep: str | None) -> list[Path]:
+    """The run directories named by ``runs=[...]`` or by the job subdirectories of ``sweep=``."""
+    if not runs and not sweep:
+        raise ConfigError("give the chains to diagnose: runs=[dir1,dir2] (fli-nuts run directories) or "
+                          "sweep=<dir> (a fli-nuts multirun directory)")
+    if runs and sweep:
+        raise ConfigError("give runs=[...] or sweep=<dir>, not both")
+    if runs:
+        out = [Path(r) for r in runs]
+        for r in out:
+            if not r.is_dir():
+                raise ConfigError(f"runs: {r} is not a directory (a fli-nuts run directory)")
+        return out
+    s = Path(sweep)
+    if not s.is_dir():
+        raise ConfigError(f"sweep={s} is not a directory (a fli-nuts multirun directory, e.g. multirun/nuts/<date>)")
+    jobs = [p for p in s.iterdir() if p.is_dir() and not p.name.startswith(".")
+            and ((p / CHUNKS).is_dir() or (p / "config.yaml").is_file())]
+    if not jobs:
+        raise ConfigError(f"sweep={s} holds no fli-nuts job directory (none with chunks/ or config.yaml)")
+    return sorted(jobs, key=lambda p: (0, int(p.name)) if p.name.isdigit() else (1, p.name))
+
+
+def read_chain(run: Path) -> Chain | str:
+    """The chain of ``run``, or why it cannot be used (a sentence)."""
+    run = Path(run)
+    cfile = run / "config.yaml"
+    if not cfile.is_file():
+        return f"{run}: no config.yaml (not a fli-nuts run directory)"
+    config = yaml.load(cfile.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    done = complete_chunks(run)
+    notes = []
+    writing = sorted(p.name for p in (run / CHUNKS).glob(".chunk_*.tmp")) if (run / CHUNKS).is_dir() else []
+    if writing:
+        notes.append(f"{len(writing)} chunk(s) being written, not read ({', '.join(writing)})")
+    if not done:
+        return f"{run}: no complete chunk yet (no chain to read)" + (f"; {notes[0]}" if notes else "")
+    contiguous = [i for j, i in enumerate(done) if i == j]
+    if len(contiguous) < len(done):
+        notes.append(f"chunks after {contiguous[-1] if contiguous else 'none'} skipped: chunk indices not "
+                     f"contiguous ({done})")
+    used, parts = [], []
+    for i in contiguous:  # a chunk removed between listing and reading (a resume tidying up) ends the chain
+        try:
+            parts.append(read_chunks(run, [i]))
+        except (OSError, ValueError, KeyError) as e:
+            notes.append(f"chunk {i} unreadable, the chain stops before it ({type(e).__name__}: {e})")
+            break
+        used.append(i)
+    if not used:
+        return f"{run}: no readable complete chunk"
+    c = {part: {name: (v if name == "k" else np.concatenate([q[part][name] for q in parts]))
+                for name, v in parts[0][part].items()} for part in parts[0]}
+    warm = np.asarray(c["draws"]["warmup"], bool)
+    post = ~warm
+    inf = config.get("inference", {}) or {}
+    num_warmup = int(inf.get("num_warmup", int(warm.sum())))
+    if not post.any():
+        return (f"{run}: still in warm-up ({int(warm.sum())} of {num_warmup} warm-up draws done, no draw after "
+                f"warm-up yet)")
+    st = c["stats"]
+    st = {**st, "lp": -np.asarray(st["potential_energy"])}
+    i0 = int(np.argmax(post))
+    grads0 = float(st["gradient_evals"][i0 - 1]) if i0 > 0 else float(st["gradient_evals"][0] - st["n_steps"][0])
+    seconds0 = float(st["seconds"][i0 - 1]) if i0 > 0 else 0.0
+    return Chain(run=run, config=config, draws={k: np.asarray(v)[post] for k, v in c["draws"].items()},
+                 stats={k: np.asarray(v)[post] for k, v in st.items()},
+                 pk={k: np.asarray(c["spectra"][k])[post] for k in ("pk_white_noise", "pk_linear")},
+                 k=np.asarray(c["spectra"]["k"]), n_warmup=int(warm.sum()), num_warmup=num_warmup, chunks=used,
+                 grads0=grads0, seconds0=seconds0, notes=notes)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def model_key(config: dict) -> dict:
+    """The flattened config without the keys chains may differ on (:data:`MAY_DIFFER`)."""
+    def keep(k):
+        return not any(k == p or k.startswith(p + ".") for p in MAY_DIFFER)
+
+    return {k: v for k, v in _flat(config).items() if keep(k)}
+
+
+def consistent(chains: list[Chain]) -> tuple[list[Chain], list[tuple[Path, str]]]:
+    """The largest group of chains whose configs agree (ties: the first chain's group), and
+    each other chain with the first key on which it differs."""
+    keys = [json.dumps(model_key(c.config), sort_keys=True, default=str) for c in chains]
+    groups: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    best = max(groups.values(), key=lambda g: (len(g), -g[0]))
+    ref = model_key(chains[best[0]].config)
+    kept, dropped = [chains[i] for i in best], []
+    for i, c in enumerate(chains):
+        if i in best:
+            continue
+        mine = model_key(c.config)
+        diff = sorted(k for k in set(ref) | set(mine) if ref.get(k, "<absent>") != mine.get(k, "<absent>"))
+        k = diff[0]
+        dropped.append((c.run, f"another model or config than {chains[best[0]].run}: {k} = "
+                               f"{mine.get(k, '<absent>')!r} here, {ref.get(k, '<absent>')!r} there"
+                               + (f" (and {len(diff) - 1} more key(s))" if len(diff) > 1 else "")))
+    return kept, dropped
+
+
+# ================================================================ the InferenceData
+
+
+@contextlib.contextmanager
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ArviZ's refactor notice and its automatic-dims notes
+        for name in ("arviz", "arviz.preview"):  # "arviz_base not installed" chatter at import
+            logging.getLogger(name).setLevel(logging.WARNING)
+        import arviz  # noqa: F401, PLC0415
+        yield
+
+
+def param_names(config: dict) -> list[str]:
+    return [*((config.get("prior") or {}).get("sample") or []), "Omega_m", "S8"]
+
+
+def combine(chains: list[Chain]):
+    """One InferenceData of the chains' first ``n`` post-warm-up draws, ``n`` the shortest's:
+    ``posterior`` (the parameters), ``sample_stats``, ``field_summaries`` (P(k) per draw)."""
+    n = min(c.n_post for c in chains)
+    names = param_names(chains[0].config)
+
+    def stack(get):
+        return np.stack([np.asarray(get(c))[:n] for c in chains])
+
+    with _quiet():
+        import arviz as az  # noqa: PLC0415
+
+        idata = az.from_dict(posterior={k: stack(lambda c, k=k: c.draws[k]) for k in names},
+                             sample_stats={k: stack(lambda c, k=k: c.stats[k]) for k in STAT_KEYS},
+                             attrs={"runs": json.dumps([str(c.run) for c in chains]), "draws_per_chain": n})
+        idata.add_groups({"field_summaries": {k: stack(lambda c, k=k: c.pk[k]) for k in ("pk_white_noise",
+                                                                                       "pk_linear")}},
+                         coords={"k_bin": np.arange(chains[0].k.size)},
+                         dims={"pk_white_noise": ["k_bin"], "pk_linear": ["k_bin"]})
+        idata.field_summaries.attrs["k"] = json.dumps(np.asarray(chains[0].k).tolist())
+    return idata
+
+
+# ================================================================ numbers and verdicts
+
+
+def _f(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def harmonic_mean(x) -> float | None:
+    x = np.asarray(x, float)
+    if x.size == 0 or not np.all(np.isfinite(x)) or np.any(x <= 0):
+        return None
+    return float(x.size / np.sum(1.0 / x))
+
+
+def convergence(idata, names: list[str]) -> dict:
+    """Per parameter: mean, sd, R-hat, bulk/tail ESS, MCSE of the mean and sd (ArviZ)."""
+    import arviz as az  # noqa: PLC0415
+
+    with _quiet():
+        rhat = az.rhat(idata, var_names=names, method="rank")
+        bulk = az.ess(idata, var_names=names, method="bulk")
+        tail = az.ess(idata, var_names=names, method="tail")
+        mc_mean = az.mcse(idata, var_names=names, method="mean")
+        mc_sd = az.mcse(idata, var_names=names, method="sd")
+    post = idata.posterior
+    return {k: {"mean": _f(post[k].mean()), "sd": _f(post[k].std()), "rhat": _f(rhat[k]),
+                "ess_bulk": _f(bulk[k]), "ess_tail": _f(tail[k]), "mcse_mean": _f(mc_mean[k]),
+                "mcse_sd": _f(mc_sd[k])} for k in names}
+
+
+def field_convergence(idata) -> dict:
+    """ArviZ's R-hat and bulk/tail ESS of each P(k) bin of the white-noise draws, with their
+    minimum (maximum for R-hat) and harmonic mean over the bins."""
+    import arviz as az  # noqa: PLC0415
+
+    ds = idata.field_summaries[["pk_white_noise"]]
+    with _quiet():
+        rhat = np.asarray(az.rhat(ds, method="rank")["pk_white_noise"], float)
+        bulk = np.asarray(az.ess(ds, method="bulk")["pk_white_noise"], float)
+        tail = np.asarray(az.ess(ds, method="tail")["pk_white_noise"], float)
+    nan = lambda a: [_f(v) for v in a]  # noqa: E731
+    return {"summary": "P(k) of the white noise of every draw, one bin per variable",
+            "k": json.loads(idata.field_summaries.attrs["k"]), "rhat": nan(rhat), "ess_bulk": nan(bulk),
+            "ess_tail": nan(tail),
+            "rhat_max": _f(np.max(rhat)) if np.all(np.isfinite(rhat)) else None,
+            "ess_bulk_min": _f(np.min(bulk)) if np.all(np.isfinite(bulk)) else None,
+            "ess_tail_min": _f(np.min(tail)) if np.all(np.isfinite(tail)) else None,
+            "ess_bulk_harmonic_mean": harmonic_mean(bulk), "ess_tail_harmonic_mean": harmonic_mean(tail)}
+
+
+def sampler_health(idata, chains: list[Chain]) -> dict:
+    """Divergences after warm-up, E-BFMI (ArviZ), tree-depth saturation, step size and
+    acceptance, per chain and in all."""
+    import arviz as az  # noqa: PLC0415
+
+    st = idata.sample_stats
+    with _quiet():
+        bfmi = np.asarray(az.bfmi(idata), float)
+    div = np.asarray(st["diverging"], bool)
+    depth = np.asarray(st["tree_depth"])
+    per = []
+    for j, c in enumerate(chains):
+        inf = c.config.get("inference", {}) or {}
+        kernel = inf.get("kernel", "nuts")
+        maxd = inf.get("max_tree_depth")
+        sat = float(np.mean(depth[j] >= maxd)) if kernel == "nuts" and maxd is not None else None
+        per.append({"run": str(c.run), "divergences": int(div[j].sum()), "ebfmi": _f(bfmi[j]),
+                    "tree_depth_saturation": sat, "max_tree_depth": maxd if kernel == "nuts" else None,
+                    "kernel": kernel, "mean_tree_depth": _f(depth[j].mean()),
+                    "step_size": _f(np.mean(st["step_size"][j])),
+                    "acceptance": _f(np.mean(st["acceptance_rate"][j]))})
+    sats = [p["tree_depth_saturation"] for p in per if p["tree_depth_saturation"] is not None]
+    return {"per_chain": per, "divergences": int(div.sum()), "draws": int(div.size),
+            "divergence_fraction": float(div.mean()),
+            "ebfmi_min": _f(np.min(bfmi)) if np.all(np.isfinite(bfmi)) else None,
+            "tree_depth_saturation_max": max(sats) if sats else None}
+
+
+def efficiency(conv: dict, chains: list[Chain], n: int) -> dict:
+    """ESS per 1000 gradient evaluations and per hour of sampling, over the draws used."""
+    grads = sum(float(c.stats["gradient_evals"][n - 1]) - c.grads0 for c in chains)
+    secs = sum(float(c.stats["seconds"][n - 1]) - c.seconds0 for c in chains)
+    out = {"gradient_evals": grads, "seconds": secs,
+           "note": "post-warm-up draws used, summed over the chains (seconds: the chains' sampling time added, "
+                   "not the wall time of chains run side by side)", "params": {}}
+    for k, v in conv.items():
+        e = {}
+        for which in ("ess_bulk", "ess_tail"):
+            ess = v[which]
+            e[f"{which}_per_1000_grads"] = None if ess is None or grads <= 0 else 1000.0 * ess / grads
+            e[f"{which}_per_hour"] = None if ess is None or secs <= 0 else 3600.0 * ess / secs
+        out["params"][k] = e
+    vals = [e["ess_bulk_per_1000_grads"] for e in out["params"].values()]
+    out["ess_bulk_per_1000_grads_min"] = None if None in vals or not vals else min(vals)
+    vals = [e["ess_bulk_per_hour"] for e in out["params"].values()]
+    out["ess_bulk_per_hour_min"] = None if None in vals or not vals else min(vals)
+    return out
+
+
+def _band(value, good_pass, good_warn) -> str:
+    """'pass' when good_pass(value), 'warn' when good_warn(value), else 'fail' (None fails)."""
+    if value is None:
+        return "fail"
+    return "pass" if good_pass(value) else "warn" if good_warn(value) else "fail"
+
+
+def checks(conv: dict, field: dict, health: dict, d: DiagnoseConfig) -> list[dict]:
+    """The checks of the issue's table, each with its number, bands and verdict."""
+    out = []
+
+    def add(name, what, value, verdict, bands, where=None):
+        out.append({"check": name, "what": what, "value": value, "verdict": verdict, "bands": bands,
+                    **({"where": where} if where else {})})
+
+    def worst(key, fn):
+        vals = {k: v[key] for k, v in conv.items()}
+        if any(v is None for v in vals.values()):
+            k = next(k for k, v in vals.items() if v is None)
+            return None, k
+        k = fn(vals, key=vals.get)
+        return vals[k], k
+
+    v, k = worst("rhat", max)
+    add("rhat", "largest rank-normalised split R-hat of the parameters", v,
+        _band(v, lambda x: x < d.rhat_pass, lambda x: x < d.rhat_warn),
+        f"pass < {d.rhat_pass}, warn < {d.rhat_warn}", k)
+    for which in ("ess_bulk", "ess_tail"):
+        v, k = worst(which, min)
+        add(which, f"smallest {which.split('_')[1]} ESS of the parameters", v,
+            _band(v, lambda x: x > d.ess_pass, lambda x: x > d.ess_warn), f"pass > {d.ess_pass:g}, "
+            f"warn > {d.ess_warn:g}", k)
+    v = field["rhat_max"]
+    add("field_rhat", "largest R-hat of the white noise's P(k) bins", v,
+        _band(v, lambda x: x < d.rhat_pass, lambda x: x < d.rhat_warn), f"pass < {d.rhat_pass}, warn < {d.rhat_warn}")
+    for which in ("ess_bulk", "ess_tail"):
+        v = field[f"{which}_min"]
+        add(f"field_{which}", f"smallest {which.split('_')[1]} ESS of the white noise's P(k) bins", v,
+            _band(v, lambda x: x > d.ess_pass, lambda x: x > d.ess_warn),
+            f"pass > {d.ess_pass:g}, warn > {d.ess_warn:g}")
+    v = health["ebfmi_min"]
+    worst_chain = None
+    if v is not None:
+        worst_chain = min(health["per_chain"], key=lambda p: p["ebfmi"])["run"]
+    add("ebfmi", "smallest E-BFMI of the chains", v, _band(v, lambda x: x > d.bfmi_pass, lambda x: x > d.bfmi_warn),
+        f"pass > {d.bfmi_pass}, warn > {d.bfmi_warn}", worst_chain)
+    frac = health["divergence_fraction"]
+    add("divergences", f"divergences after warm-up ({health['divergences']} of {health['draws']} draws)", frac,
+        _band(frac, lambda x: x == 0, lambda x: x < d.divergence_warn),
+        f"pass none, warn < {100 * d.divergence_warn:g}% of the draws")
+    v = health["tree_depth_saturation_max"]
+    if v is None:
+        add("tree_depth", "fraction of draws at max_tree_depth (not NUTS: not applicable)", None, "n/a", "NUTS only")
+    else:
+        add("tree_depth", "largest fraction of a chain's draws at the run's max_tree_depth", v,
+            _band(v, lambda x: x < d.tree_depth_pass, lambda x: x < d.tree_depth_warn),
+            f"pass < {100 * d.tree_depth_pass:g}%, warn < {100 * d.tree_depth_warn:g}%")
+    return out
+
+
+def overall(items: list[dict]) -> str:
+    vs = [c["verdict"] for c in items if c["verdict"] in VERDICTS]
+    return max(vs, key=VERDICTS.index) if vs else "pass"
+
+
+def diagnose_chains(chains: list[Chain], dcfg: DiagnoseConfig) -> tuple[dict, object]:
+    """Every number and verdict of the chains (already consistent); returns (report, idata)."""
+    idata = combine(chains)
+    n = int(idata.posterior.sizes["draw"])
+    names = param_names(chains[0].config)
+    conv = convergence(idata, names)
+    field = field_convergence(idata)
+    health = sampler_health(idata, chains)
+    items = checks(conv, field, health, dcfg)
+    report = {"verdict": overall(items), "exit_status": EXIT_STATUS[overall(items)], "checks": items,
+              "chains": len(chains), "draws_per_chain": n, "params": conv, "field": field, "sampler": health,
+              "efficiency": efficiency(conv, chains, n), "thresholds": dataclasses.asdict(dcfg)}
+    return report, idata
+
+
+def load(run_dirs: list[Path]) -> tuple[list[Chain], list[dict]]:
+    """Read every run, keep the consistent ones; returns (chains, [{run, reason}] dropped).
+
+    Raises ConfigError when no chain is left."""
+    chains, dropped = [], []
+    for r in run_dirs:
+        c = read_chain(r)
+        if isinstance(c, str):
+            dropped.append({"run": str(r), "reason": c})
+        else:
+            chains.append(c)
+    if not chains:
+        why = "; ".join(d["reason"] for d in dropped)
+        raise ConfigError(f"no chain to diagnose: {why}")
+    chains, other = consistent(chains)
+    dropped += [{"run": str(r), "reason": why} for r, why in other]
+    return chains, dropped
+
+
+def chain_table(chains: list[Chain], n: int) -> list[dict]:
+    out = []
+    for c in chains:
+        notes = list(c.notes)
+        if c.n_post > n:
+            notes.append(f"truncated to the shortest chain: {n} of its {c.n_post} post-warm-up draws used")
+        if c.n_warmup < c.num_warmup:
+            notes.append(f"warm-up incomplete ({c.n_warmup} of {c.num_warmup})")
+        out.append({"run": str(c.run), "chunks": len(c.chunks), "warmup_draws": c.n_warmup,
+                    "post_warmup_draws": c.n_post, "used": n, "seed": c.config.get("seed"), "notes": notes})
+    return out
+
+
+# ================================================================ the command
+
+
+def run_diagnose(cfg, resolved: dict, run_dir: Path, log: logging.Logger) -> dict:
+    """Diagnose ``cfg.runs`` or ``cfg.sweep`` into ``run_dir``; returns the report (the content
+    of ``diagnostics.json``). Bad input raises ConfigError before anything is written."""
+    run_dir = Path(run_dir)
+    runs = find_runs(list(cfg.runs) if cfg.runs else None, cfg.sweep)
+    chains, dropped = load(runs)
+    for d in dropped:
+        log.warning("dropped %s: %s", d["run"], d["reason"])
+    report, idata = diagnose_chains(chains, cfg.diagnose)
+    n = report["draws_per_chain"]
+    report["runs"] = chain_table(chains, n)
+    report["dropped"] = dropped
+    if len({c.n_post for c in chains}) > 1:
+        log.warning("chains of unequal length (%s post-warm-up draws): the first %d of each are used",
+                    ", ".join(str(c.n_post) for c in chains), n)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with _quiet():
+        idata.to_netcdf(str(run_dir / CHAINS_NC), engine="h5netcdf")
+    report["inference_data"] = str(run_dir / CHAINS_NC)
+    if cfg.diagnose.figures:
+        from fli.infer.diagnose_figures import figures  # noqa: PLC0415
+
+        report["figures"], report["figure_notes"] = figures(idata, chains, report, run_dir, cfg.diagnose, log)
+    else:
+        report["figures"], report["figure_notes"] = {}, ["diagnose.figures=false"]
+    (run_dir / DIAGNOSTICS_JSON).write_text(json.dumps(report, indent=1))
+    from fli.infer.diagnose_report import write_html  # noqa: PLC0415
+
+    write_html(report, run_dir)
+    print(summary_table(report))
+    return report
+
+
+def _fmt(x, spec=".3g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def summary_table(report: dict) -> str:
+    """One screen: the chains, the parameters and the checks, with the overall verdict."""
+    lines = [f"fli-diagnose: {report['chains']} chain(s), {report['draws_per_chain']} post-warm-up draws each"]
+    for r in report.get("runs", []):
+        note = f"  [{'; '.join(r['notes'])}]" if r["notes"] else ""
+        lines.append(f"  {r['run']}: {r['post_warmup_draws']} draws after {r['warmup_draws']} warm-up, "
+                     f"{r['used']} used{note}")
+    for d in report.get("dropped", []):
+        lines.append(f"  dropped {d['run']}: {d['reason']}")
+    eff = report["efficiency"]["params"]
+    lines.append(f"  {'param':<9}{'mean':>10}{'sd':>10}{'R-hat':>8}{'ESS bulk':>10}{'ESS tail':>10}"
+                 f"{'MCSE':>10}{'ESS/1k grad':>12}{'ESS/h':>10}")
+    for k, v in report["params"].items():
+        lines.append(f"  {k:<9}{_fmt(v['mean'], '10.4g')}{_fmt(v['sd'], '10.3g')}{_fmt(v['rhat'], '8.3f')}"
+                     f"{_fmt(v['ess_bulk'], '10.0f')}{_fmt(v['ess_tail'], '10.0f')}{_fmt(v['mcse_mean'], '10.2g')}"
+                     f"{_fmt(eff[k]['ess_bulk_per_1000_grads'], '12.3g')}{_fmt(eff[k]['ess_bulk_per_hour'], '10.3g')}")
+    f = report["field"]
+    lines.append(f"  field P(k), {len(f['k'])} bins: ESS bulk min {_fmt(f['ess_bulk_min'], '.0f')}, harmonic mean "
+                 f"{_fmt(f['ess_bulk_harmonic_mean'], '.0f')}; R-hat max {_fmt(f['rhat_max'], '.3f')}")
+    for c in report["checks"]:
+        v = c["value"]
+        val = "-" if v is None else (f"{100 * v:.2f}%" if c["check"] in ("divergences", "tree_depth") else f"{v:.4g}")
+        lines.append(f"  {c['verdict'].upper():<5} {c['check']:<15}{val:>10}  ({c['bands']})")
+    lines.append(f"verdict: {report['verdict'].upper()} (exit status {report['exit_status']})")
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""``report.html`` of ``fli-diagnose``: one self-contained page (figures as base64 PNG, inline
+CSS, no script and no external resource), readable offline."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+REPORT_HTML = "report.html"
+_COLOURS = {"pass": "#1a7f37", "warn": "#b08800", "fail": "#cf222e", "n/a": "#57606a"}
+_CSS = """body{font-family:sans-serif;margin:1.5em auto;max-width:1100px;color:#1f2328}
+table{border-collapse:collapse;margin:0.6em 0}td,th{border:1px solid #d0d7de;padding:3px 8px;font-size:13px}
+th{background:#f6f8fa}td.num{text-align:right;font-family:monospace}.badge{color:#fff;padding:2px 8px;
+border-radius:4px;font-weight:bold}img{max-width:100%;border:1px solid #eee;margin:0.3em 0}
+figure{margin:1em 0}figcaption{font-size:13px;color:#57606a}"""
+CAPTIONS = {
+    "trace": "Trace and marginal of each parameter per chain (divergences marked at the bottom).",
+    "rank": "Rank plots: uniform histograms when the chains mix.",
+    "pair": "Pairs of the parameters; divergences in orange, the mock's truth as a cross.",
+    "energy": "Energy: marginal energy against the energy transitions (E-BFMI per chain).",
+    "s8_prior": "Posterior of S8 with its prior (sampled through PriorTransform).",
+    "field_pk": "White noise of the draws: P(k) over the prior expectation (the cell volume).",
+    "field_slices": "Initial white noise: posterior mean and sd (running.zarr), slice y = Ly/2, beside the truth.",
+    "r_k": "r(k) and T(k) of the posterior-mean white noise with the truth.",
+    "mass_maps": "Posterior mass maps: mean and sd of the noiseless kappa per bin, beside the truth.",
+    "residuals": "Posterior-predictive residuals of thinned draws in units of the noise, with chi2 per pixel.",
+}
+
+
+def _badge(v: str) -> str:
+    return f'<span class="badge" style="background:{_COLOURS.get(v, "#57606a")}">{html.escape(v.upper())}</span>'
+
+
+def _n(x, spec=".4g") -> str:
+    return "&ndash;" if x is None else format(x, spec)
+
+
+def _table(head: list[str], rows: list[list[str]], num_from: int = 1) -> str:
+    h = "".join(f"<th>{html.escape(c)}</th>" for c in head)
+    body = "".join("<tr>" + "".join(f'<td class="num">{c}</td>' if i >= num_from else f"<td>{c}</td>"
+                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><tr>{h}</tr>{body}</table>"
+
+
+def render(report: dict, run_dir: Path) -> str:
+    e = html.escape
+    parts = [f"<h1>fli-diagnose {_badge(report['verdict'])}</h1>",
+             f"<p>{report['chains']} chain(s), {report['draws_per_chain']} post-warm-up draws each; exit status "
+             f"{report['exit_status']} (0 pass, 1 warn, 2 fail).</p>", "<h2>Checks</h2>"]
+    parts.append(_table(["check", "what", "value", "verdict", "bands"],
+                        [[e(c["check"]), e(c["what"] + (f" [{c['where']}]" if c.get("where") else "")),
+                          _n(c["value"]), _badge(c["verdict"]), e(c["bands"])] for c in report["checks"]], 2))
+    parts.append("<h2>Chains</h2>")
+    parts.append(_table(["run", "chunks", "warm-up", "post-warm-up", "used", "notes"],
+                        [[e(r["run"]), str(r["chunks"]), str(r["warmup_draws"]), str(r["post_warmup_draws"]),
+                          str(r["used"]), e("; ".join(r["notes"]))] for r in report.get("runs", [])]))
+    if report.get("dropped"):
+        parts.append("<p>Dropped:</p><ul>" + "".join(f"<li>{e(d['run'])}: {e(d['reason'])}</li>"
+                                                     for d in report["dropped"]) + "</ul>")
+    sh = report["sampler"]["per_chain"]
+    parts.append(_table(["run", "divergences", "E-BFMI", "at max tree depth", "mean tree depth", "step size",
+                         "acceptance"],
+                        [[e(p["run"]), str(p["divergences"]), _n(p["ebfmi"], ".3f"),
+                          _n(None if p["tree_depth_saturation"] is None else 100 * p["tree_depth_saturation"], ".1f")
+                          + ("%" if p["tree_depth_saturation"] is not None else ""),
+                          _n(p["mean_tree_depth"], ".2f"), _n(p["step_size"], ".3g"), _n(p["acceptance"], ".3f")]
+                         for p in sh]))
+    parts.append("<h2>Parameters</h2>")
+    eff = report["efficiency"]["params"]
+    parts.append(_table(["param", "mean", "sd", "R-hat", "ESS bulk", "ESS tail", "MCSE mean", "MCSE sd",
+                         "ESS bulk / 1000 grads", "ESS bulk / hour"],
+                        [[e(k), _n(v["mean"]), _n(v["sd"], ".3g"), _n(v["rhat"], ".4f"), _n(v["ess_bulk"], ".0f"),
+                          _n(v["ess_tail"], ".0f"), _n(v["mcse_mean"], ".2g"), _n(v["mcse_sd"], ".2g"),
+                          _n(eff[k]["ess_bulk_per_1000_grads"], ".3g"), _n(eff[k]["ess_bulk_per_hour"], ".3g")]
+                         for k, v in report["params"].items()]))
+    f = report["field"]
+    parts.append(f"<p>Field: {len(f['k'])} P(k) bins of the white noise; bulk ESS min {_n(f['ess_bulk_min'], '.0f')}, "
+                 f"harmonic mean {_n(f['ess_bulk_harmonic_mean'], '.0f')}; tail ESS min {_n(f['ess_tail_min'], '.0f')},"
+                 f" harmonic mean {_n(f['ess_tail_harmonic_mean'], '.0f')}; R-hat max {_n(f['rhat_max'], '.4f')}. "
+                 f"Efficiency: {e(report['efficiency']['note'])}.</p>")
+    figs = report.get("figures", {})
+    if figs:
+        parts.append("<h2>Figures</h2>")
+    for name, p in figs.items():
+        data = base64.b64encode(Path(p).read_bytes()).decode("ascii")
+        parts.append(f'<figure id="{e(name)}"><img alt="{e(name)}" src="data:image/png;base64,{data}">'
+                     f"<figcaption>{e(CAPTIONS.get(name, name))}</figcaption></figure>")
+    if report.get("figure_notes"):
+        parts.append("<p>Notes on the figures:</p><ul>" + "".join(f"<li>{e(n)}</li>" for n in report["figure_notes"])
+                     + "</ul>")
+    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>fli-diagnose: "
+            f"{e(report['verdict'])}</title><style>{_CSS}</style></head><body>{''.join(parts)}</body></html>")
+
+
+def write_html(report: dict, run_dir: Path) -> Path:
+    path = Path(run_dir) / REPORT_HTML
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(render(report, run_dir))
+    tmp.rename(path)
+    return path

@@ -1,0 +1,281 @@
+"""fli-diagnose on synthetic chains with known defects (no simulation), on bad input, and on a
+real fli-nuts chain of the small mock (slow).
+
+The synthetic chains are written in fli-nuts's on-disk format (config.yaml, chunks/chunk_<i>/
+{draws,stats,spectra}.npz and DONE) by :func:`write_chain`: iid Gaussian parameters, iid
+energies, tree depths below the maximum and no divergences make a healthy chain; each test
+breaks one of these.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from fli.config import DiagnoseConfig
+from fli.infer import diagnose as dg
+
+N_K = 6
+VCELL = 2.0  # (Mpc/h)^3, the prior expectation of the white noise's P(k)
+
+
+@pytest.fixture(scope="module")
+def config():
+    from fli.cli.common import compose
+    from tests.posterior_setup import SMALL
+
+    _, resolved = compose([*SMALL, "inference.num_warmup=10"])
+    return resolved
+
+
+def healthy(n=1000, seed=0, warmup=10):
+    """Arrays of one healthy chain of ``warmup + n`` draws (warm-up first)."""
+    rng = np.random.default_rng(seed)
+    m = warmup + n
+    oc = 0.26 + 0.02 * rng.standard_normal(m)
+    s8 = 0.80 + 0.03 * rng.standard_normal(m)
+    om = oc + 0.049
+    depth = rng.integers(2, 5, m)  # max_tree_depth of the config is 6
+    n_steps = 2 ** depth - 1
+    draws = {"draw": np.arange(m), "warmup": np.arange(m) < warmup, "Omega_c": oc, "sigma8": s8, "Omega_m": om,
+             "S8": s8 * np.sqrt(om / 0.3)}
+    stats = {"diverging": np.zeros(m, bool), "energy": 1000 + 20 * rng.standard_normal(m),
+             "potential_energy": 1000 + 10 * rng.standard_normal(m), "tree_depth": depth, "n_steps": n_steps,
+             "step_size": np.full(m, 0.1), "acceptance_rate": rng.uniform(0.6, 1.0, m),
+             "mean_accept_prob": rng.uniform(0.6, 1.0, m), "gradient_evals": 1 + np.cumsum(n_steps),
+             "seconds": 0.01 * np.arange(1, m + 1)}
+    spectra = {"k": 0.02 * np.arange(1, N_K + 1), "pk_white_noise": VCELL * (1 + 0.1 * rng.standard_normal((m, N_K))),
+               "pk_linear": 100 + rng.random((m, N_K))}
+    return draws, stats, spectra
+
+
+def write_chain(run, config, arrays, chunk=250, seed=None):
+    """Write ``arrays`` (draws, stats, spectra) as fli-nuts chunks of ``chunk`` draws into ``run``."""
+    draws, stats, spectra = arrays
+    run.mkdir(parents=True)
+    cfg = {**config, "run_dir": str(run), "seed": seed if seed is not None else config["seed"]}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    m = draws["draw"].size
+    for i, a in enumerate(range(0, m, chunk)):
+        d = run / "chunks" / f"chunk_{i:05d}"
+        d.mkdir(parents=True)
+        sl = slice(a, min(a + chunk, m))
+        np.savez(d / "draws.npz", **{k: v[sl] for k, v in draws.items()})
+        np.savez(d / "stats.npz", draw=draws["draw"][sl], **{k: v[sl] for k, v in stats.items()})
+        np.savez(d / "spectra.npz", draw=draws["draw"][sl], k=spectra["k"],
+                 **{k: v[sl] for k, v in spectra.items() if k != "k"})
+        (d / "DONE").write_text(json.dumps({"chunk": i}))
+    return run
+
+
+def four(tmp_path, config, change=None, n=1000):
+    """Four healthy chains, chain 0 passed through ``change`` first."""
+    runs = []
+    for j in range(4):
+        a = healthy(n=n, seed=j)
+        if j == 0 and change is not None:
+            change(*a)
+        runs.append(write_chain(tmp_path / f"c{j}", config, a, seed=j))
+    return runs
+
+
+def verdicts(runs):
+    chains, dropped = dg.load(runs)
+    report, idata = dg.diagnose_chains(chains, DiagnoseConfig())
+    return {c["check"]: c["verdict"] for c in report["checks"]}, report, idata, dropped
+
+
+def test_healthy_chains_pass_every_check(tmp_path, config):
+    v, report, _, dropped = verdicts(four(tmp_path, config))
+    assert set(v.values()) == {"pass"}, v
+    assert report["verdict"] == "pass" and report["exit_status"] == 0 and not dropped
+    assert report["draws_per_chain"] == 1000 and report["chains"] == 4
+    # iid draws: ESS about the 4000 draws (ArviZ's estimate scatters by ~10%), R-hat near 1
+    for p in report["params"].values():
+        assert 3000 < p["ess_bulk"] < 5500 and abs(p["rhat"] - 1) < 0.01
+    e = report["efficiency"]
+    # gradient evaluations of the post-warm-up draws: the cumulative counter's increase, summed
+    assert e["gradient_evals"] > 4 * 1000 * 3 and e["seconds"] == pytest.approx(4 * 1000 * 0.01)
+
+
+def test_the_numbers_are_arviz_own(tmp_path, config):
+    import arviz as az
+
+    _, report, idata, _ = verdicts(four(tmp_path, config))
+    names = ["Omega_c", "sigma8", "Omega_m", "S8"]
+    for k in names:
+        assert report["params"][k]["rhat"] == float(az.rhat(idata, var_names=[k], method="rank")[k])
+        assert report["params"][k]["ess_bulk"] == float(az.ess(idata, var_names=[k], method="bulk")[k])
+        assert report["params"][k]["ess_tail"] == float(az.ess(idata, var_names=[k], method="tail")[k])
+        assert report["params"][k]["mcse_mean"] == float(az.mcse(idata, var_names=[k], method="mean")[k])
+    assert [p["ebfmi"] for p in report["sampler"]["per_chain"]] == [float(x) for x in az.bfmi(idata)]
+    ess_k = np.asarray(az.ess(idata.field_summaries[["pk_white_noise"]], method="bulk")["pk_white_noise"])
+    assert report["field"]["ess_bulk"] == ess_k.tolist() and report["field"]["ess_bulk_min"] == ess_k.min()
+    assert report["field"]["ess_bulk_harmonic_mean"] == pytest.approx(len(ess_k) / np.sum(1 / ess_k), rel=1e-12)
+
+
+def _stuck(draws, stats, spectra):
+    for k in ("Omega_c", "sigma8", "Omega_m", "S8"):
+        draws[k][10:] = draws[k][10]
+    spectra["pk_white_noise"][10:] = spectra["pk_white_noise"][10]
+
+
+def _shifted(draws, stats, spectra):
+    draws["sigma8"][:] += 0.09  # 3 posterior sd
+    om = draws["Omega_m"]
+    draws["S8"][:] = draws["sigma8"] * np.sqrt(om / 0.3)
+
+
+def _divergent(draws, stats, spectra):
+    stats["diverging"][10::100] = True  # 1% of one chain: 0.25% of all draws
+
+
+def _low_bfmi(draws, stats, spectra):
+    rng = np.random.default_rng(5)
+    e = np.zeros(draws["draw"].size)
+    for i in range(1, e.size):  # AR(1), rho 0.98: E-BFMI ~ 2 (1 - rho) = 0.04
+        e[i] = 0.98 * e[i - 1] + rng.standard_normal()
+    stats["energy"][:] = 1000 + 20 * e
+
+
+def _saturated(draws, stats, spectra):
+    stats["tree_depth"][10::3] = 6  # a third of the draws at max_tree_depth
+
+
+@pytest.mark.parametrize("change, flagged", [
+    (_stuck, {"rhat", "ess_bulk", "field_rhat"}),
+    (_shifted, {"rhat"}),
+    (_divergent, {"divergences"}),
+    (_low_bfmi, {"ebfmi"}),
+    (_saturated, {"tree_depth"}),
+], ids=["stuck", "shifted", "divergences", "low-ebfmi", "tree-depth"])
+def test_each_defect_is_flagged(tmp_path, config, change, flagged):
+    v, report, _, _ = verdicts(four(tmp_path, config, change))
+    for c in flagged:
+        assert v[c] == "fail", (c, v)
+    assert report["verdict"] == "fail" and report["exit_status"] == 2
+    healthy_checks = {"divergences", "ebfmi", "tree_depth"} - flagged
+    assert all(v[c] == "pass" for c in healthy_checks), v
+
+
+def test_a_too_short_chain_is_flagged(tmp_path, config):
+    v, report, _, _ = verdicts(four(tmp_path, config, n=20))
+    assert v["ess_bulk"] == "fail" and v["ess_tail"] == "fail" and report["verdict"] == "fail"
+
+
+def test_bands_are_the_issue_table():
+    d = DiagnoseConfig()
+    assert dg._band(1.009, lambda x: x < d.rhat_pass, lambda x: x < d.rhat_warn) == "pass"
+    assert dg._band(1.03, lambda x: x < d.rhat_pass, lambda x: x < d.rhat_warn) == "warn"
+    assert dg._band(1.05, lambda x: x < d.rhat_pass, lambda x: x < d.rhat_warn) == "fail"
+    assert dg._band(None, lambda x: True, lambda x: True) == "fail"  # NaN (e.g. a constant chain) fails
+    items = [{"verdict": "pass"}, {"verdict": "warn"}, {"verdict": "n/a"}]
+    assert dg.overall(items) == "warn" and dg.overall(items + [{"verdict": "fail"}]) == "fail"
+
+
+def test_unequal_lengths_use_the_common_length_and_say_so(tmp_path, config):
+    runs = [write_chain(tmp_path / f"c{j}", config, healthy(n=n, seed=j), seed=j) for j, n in enumerate((500, 300))]
+    chains, _ = dg.load(runs)
+    report, idata = dg.diagnose_chains(chains, DiagnoseConfig())
+    assert idata.posterior.sizes["draw"] == 300 and report["draws_per_chain"] == 300
+    table = dg.chain_table(chains, 300)
+    assert "truncated to the shortest chain: 300 of its 500" in table[0]["notes"][0] and not table[1]["notes"]
+    np.testing.assert_array_equal(idata.posterior["sigma8"].values[0], chains[0].draws["sigma8"][:300])
+
+
+def test_an_inconsistent_chain_is_dropped_naming_the_key(tmp_path, config):
+    runs = four(tmp_path, config)
+    other = {**config, "lensing": {**config["lensing"], "n_planes": 2}}
+    runs.append(write_chain(tmp_path / "other", other, healthy(seed=9)))
+    chains, dropped = dg.load(runs)
+    assert len(chains) == 4 and len(dropped) == 1
+    assert dropped[0]["run"].endswith("other") and "lensing.n_planes = 2" in dropped[0]["reason"]
+    # a seed, a run directory and draw counts may differ (they do here between c0..c3)
+    assert dg.model_key({**config, "seed": 5, "inference": {**config["inference"], "num_samples": 9}}) == \
+        dg.model_key(config)
+
+
+def test_a_chunk_being_written_is_not_read(tmp_path, config):
+    run = write_chain(tmp_path / "c0", config, healthy(n=190), chunk=100)  # chunks 0, 1 complete
+    tmp = run / "chunks" / ".chunk_00002.tmp"
+    tmp.mkdir()
+    (tmp / "draws.npz").write_bytes(b"half a file")  # no DONE: being written
+    c = dg.read_chain(run)
+    assert c.n_post == 190 and c.chunks == [0, 1]
+    assert any(".chunk_00002.tmp" in n for n in c.notes)
+
+
+def test_a_chain_still_in_warm_up_is_dropped(tmp_path, config):
+    a = write_chain(tmp_path / "a", config, healthy(n=50))
+    b = write_chain(tmp_path / "b", config, healthy(n=0, warmup=10), chunk=5)
+    chains, dropped = dg.load([a, b])
+    assert len(chains) == 1 and "still in warm-up (10 of 10" in dropped[0]["reason"]
+
+
+# ---------------------------------------------------------------- the command
+
+
+def _main(args):
+    from fli.cli.diagnose import main
+
+    return main(args)
+
+
+def test_command_writes_report_and_exit_status(tmp_path, config, capsys):
+    """Healthy chains: status 0, diagnostics.json, chains.nc, figures and one HTML page."""
+    runs = [write_chain(tmp_path / f"c{j}", config, healthy(n=500, seed=j), seed=j) for j in range(2)]
+    out = tmp_path / "diag"
+    assert _main([f"runs=[{','.join(map(str, runs))}]", f"run_dir={out}"]) == 0
+    text = capsys.readouterr().out
+    assert "verdict: PASS (exit status 0)" in text and len(text.splitlines()) < 40  # one screen
+    rep = json.loads((out / "diagnostics.json").read_text())
+    assert rep["verdict"] == "pass" and (out / "chains.nc").is_file()
+    for name in ("trace", "rank", "pair", "energy", "s8_prior", "field_pk"):
+        assert (out / f"{name}.png").is_file(), rep["figure_notes"]
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == len(rep["figures"]) and "src=\"http" not in page
+
+
+def test_command_fail_is_status_2_with_report(tmp_path, config, capsys):
+    runs = four(tmp_path, config, _shifted)
+    out = tmp_path / "diag"
+    assert _main([f"runs=[{','.join(map(str, runs))}]", f"run_dir={out}", "diagnose.figures=false"]) == 2
+    assert "verdict: FAIL" in capsys.readouterr().out and (out / "diagnostics.json").is_file()
+
+
+def test_command_sweep_directory(tmp_path, config):
+    sweep = tmp_path / "multirun"
+    for j in range(2):
+        write_chain(sweep / str(j), config, healthy(n=600, seed=j), seed=j)
+    (sweep / "multirun.yaml").write_text("{}")
+    out = tmp_path / "diag"
+    code = _main([f"sweep={sweep}", f"run_dir={out}", "diagnose.figures=false"])
+    rep = json.loads((out / "diagnostics.json").read_text())
+    assert code == rep["exit_status"] and rep["chains"] == 2 and [r["run"][-1] for r in rep["runs"]] == ["0", "1"]
+
+
+@pytest.mark.parametrize("args, match", [
+    ([], "give the chains to diagnose"),
+    (["runs=[{empty}]"], "no complete chunk yet"),
+    (["runs=[{missing}]"], "is not a directory"),
+    (["sweep={empty}"], "holds no fli-nuts job directory"),
+    (["runs=[{empty}]", "sweep={empty}"], "not both"),
+    (["diagnose.rhat_pass=0.9"], "diagnose.rhat_pass"),
+])
+def test_bad_input_is_one_line_status_2_and_no_report(tmp_path, capsys, args, match):
+    empty = tmp_path / "empty"
+    (empty / "chunks").mkdir(parents=True)
+    (empty / "config.yaml").write_text("seed: 0\n")
+    out = tmp_path / "diag"
+    args = [a.format(empty=empty, missing=tmp_path / "missing") for a in args]
+    assert _main([*args, f"run_dir={out}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fli-diagnose: error:") and match in err[0], err
+    assert not (out / "diagnostics.json").exists()
+
+
+def test_harmonic_mean():
+    assert dg.harmonic_mean([1.0, 4.0, 4.0]) == pytest.approx(2.0)
+    assert dg.harmonic_mean([1.0, math.nan]) is None
