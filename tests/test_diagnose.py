@@ -279,3 +279,44 @@ def test_bad_input_is_one_line_status_2_and_no_report(tmp_path, capsys, args, ma
 def test_harmonic_mean():
     assert dg.harmonic_mean([1.0, 4.0, 4.0]) == pytest.approx(2.0)
     assert dg.harmonic_mean([1.0, math.nan]) is None
+
+
+# ---------------------------------------------------------------- a real chain
+
+
+@pytest.mark.slow  # two short fli-nuts chains of the small mock: ~1-2 min on 2 cores
+def test_real_chains_of_the_small_mock(tmp_path):
+    """Two fli-nuts chains (seeds 0, 1) of the small mock, diagnosed: the report's numbers
+    are ArviZ's on chains.nc, its draws are the runs' posterior.nc draws, every figure is drawn."""
+    import arviz as az
+
+    from fli.cli.mock import main as mock_main
+    from fli.cli.nuts import main as nuts_main
+    from tests.posterior_setup import SMALL
+    from tests.test_nuts import CHAIN
+
+    mock = tmp_path / "mock"
+    assert mock_main([*SMALL, f"run_dir={mock}"]) == 0
+    runs = []
+    for seed in (0, 1):
+        runs.append(tmp_path / f"nuts{seed}")
+        assert nuts_main([*SMALL, *CHAIN, f"seed={seed}", f"mock={mock}", f"run_dir={runs[-1]}"]) == 0
+    out = tmp_path / "diag"
+    code = _main([f"runs=[{runs[0]},{runs[1]}]", f"run_dir={out}"])
+    rep = json.loads((out / "diagnostics.json").read_text())
+    assert code == rep["exit_status"] == 2  # 6 draws per chain: far too short, and the report says so
+    assert rep["draws_per_chain"] == 6 and rep["chains"] == 2
+    idata = az.from_netcdf(out / "chains.nc")
+    for j, run in enumerate(runs):
+        own = az.from_netcdf(run / "posterior.nc")
+        np.testing.assert_array_equal(idata.posterior["S8"].values[j], own.posterior["S8"].values[0])
+    for k in ("Omega_c", "sigma8", "Omega_m", "S8"):
+        assert rep["params"][k]["rhat"] == pytest.approx(float(az.rhat(idata, var_names=[k])[k]), rel=1e-12)
+        assert rep["params"][k]["ess_tail"] == pytest.approx(float(az.ess(idata, var_names=[k], method="tail")[k]),
+                                                             rel=1e-12)
+    assert [p["ebfmi"] for p in rep["sampler"]["per_chain"]] == pytest.approx(az.bfmi(idata).tolist(), rel=1e-12)
+    # max_tree_depth=3 in CHAIN: the saturation is read against the run's own config
+    assert all(p["max_tree_depth"] == 3 for p in rep["sampler"]["per_chain"])
+    for name in ("trace", "rank", "pair", "energy", "s8_prior", "field_pk", "field_slices", "mass_maps", "r_k",
+                 "residuals"):
+        assert (out / f"{name}.png").is_file(), (name, rep["figure_notes"])
