@@ -117,8 +117,8 @@ def init_distributed(
     terminates every other process with "Terminating process because the JAX distributed
     service detected fatal errors" (and "Task <i> heartbeat timeout" on process 0); a peer
     blocked in a collective (NCCL, gloo) would otherwise wait for ever. Measured on 2 CPU
-    processes (gloo): process 1 killed -> process 0 out after the timeout (+ ~1 s); process 0
-    (the coordinator) killed -> process 1 out within ~1 s.
+    processes (gloo), timeout 10 s: process 1 killed -> process 0 out (SIGABRT) 9-10 s later;
+    process 0 (the coordinator) killed -> process 1 out within ~1 s.
     """
     coordinator = coordinator or os.environ.get("FLI_COORDINATOR")
     if num_processes is None and "FLI_NUM_PROCESSES" in os.environ:
