@@ -410,6 +410,7 @@ def write_running(run_dir: Path, acc: Accum, grid_info: dict) -> None:
 
 def read_chunks(run_dir: Path, which=None) -> dict:
     """The draws, stats and spectra of the complete chunks, concatenated (numpy)."""
+    run_dir = Path(run_dir)
     out: dict = {"draws": {}, "stats": {}, "spectra": {}}
     for i in (complete_chunks(run_dir) if which is None else which):
         for part in out:
