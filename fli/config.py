@@ -287,6 +287,10 @@ class DistributedConfig:
                    "distributed.num_processes/process_id", "set when distributed.coordinator is set",
                    (self.num_processes, self.process_id))
 
+# fli-diagnose's keys: they do not change a chain or a MAP, so a fli-nuts/fli-map resume may
+# ignore them (a checkpoint written before they existed lacks them)
+DIAGNOSE_KEYS = ("diagnose", "runs", "sweep")
+
 
 @dataclass
 class DiagnoseConfig:

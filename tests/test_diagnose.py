@@ -320,3 +320,52 @@ def test_real_chains_of_the_small_mock(tmp_path):
     for name in ("trace", "rank", "pair", "energy", "s8_prior", "field_pk", "field_slices", "mass_maps", "r_k",
                  "residuals"):
         assert (out / f"{name}.png").is_file(), (name, rep["figure_notes"])
+
+
+# ---------------------------------------------------------------- the page in a real browser
+
+
+def _chromium():
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="headless Chromium not installed (Debian package chromium; "
+                                                 ".ci/run installs it)")
+@pytest.mark.slow  # ~20 s on 2 cores: two Chromium starts and the figures
+def test_report_renders_in_headless_chromium(tmp_path, config):
+    """report.html opened by Chromium: it renders (a screenshot with the figures' colours), every
+    image decodes (naturalWidth > 0, read by a script added to a copy), and it names no resource
+    outside itself."""
+    import re
+    import subprocess
+
+    runs = [write_chain(tmp_path / f"c{j}", config, healthy(n=300, seed=j), seed=j) for j in range(2)]
+    out = tmp_path / "diag"
+    assert _main([f"runs=[{runs[0]},{runs[1]}]", f"run_dir={out}"]) in (0, 1, 2)
+    page = out / "report.html"
+    text = page.read_text()
+    n_fig = len(json.loads((out / "diagnostics.json").read_text())["figures"])
+    assert n_fig >= 6
+    refs = re.findall(r'(?:src|href)="([^"]*)"', text)
+    assert refs and all(r.startswith("data:image/png;base64,") for r in refs), [r[:40] for r in refs]
+    base = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    shot = tmp_path / "shot.png"
+    r = subprocess.run([*base, f"--screenshot={shot}", "--window-size=1200,3000", page.as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    assert shot.is_file(), r.stderr[-2000:]
+    import matplotlib.image as mi
+
+    img = mi.imread(shot)
+    assert img.shape[0] >= 2000 and img.shape[1] >= 1000
+    rgb = img[..., :3]
+    coloured = np.mean((rgb.max(-1) - rgb.min(-1)) > 0.2)  # not grey: badges, plot lines, colour maps
+    assert coloured > 0.01, coloured
+    probe = tmp_path / "probe.html"
+    probe.write_text(text.replace("</body>", "<script>window.addEventListener('load', () => {document.title = "
+                                  "'decoded:' + Array.from(document.images).map(i => i.complete && i.naturalWidth > 0"
+                                  " ? 1 : 0).join('');});</script></body>"))
+    r = subprocess.run([*base, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    title = re.search(r"<title>(.*?)</title>", r.stdout)
+    assert title and title.group(1) == "decoded:" + "1" * n_fig, (title and title.group(1), r.stderr[-2000:])

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from fli.config import ConfigError, DiagnoseConfig
+from fli.config import DIAGNOSE_KEYS, ConfigError, DiagnoseConfig
 from fli.infer.nuts import CHUNKS, complete_chunks, read_chunks
 
 DIAGNOSTICS_JSON = "diagnostics.json"
@@ -46,7 +46,7 @@ STAT_KEYS = ("diverging", "energy", "tree_depth", "n_steps", "step_size", "accep
 # run (the start differs between chains on purpose: R-hat compares chains from spread starts)
 MAY_DIFFER = ("seed", "run_dir", "distributed", "progress", "compilation_cache", "name", "init",
               "inference.num_samples", "inference.num_warmup", "inference.chunk", "inference.field_thin",
-              "inference.init_redraw", "inference.map", "diagnose", "runs", "sweep")
+              "inference.init_redraw", "inference.map", *DIAGNOSE_KEYS)
 VERDICTS = ("pass", "warn", "fail")
 EXIT_STATUS = {"pass": 0, "warn": 1, "fail": 2}
 

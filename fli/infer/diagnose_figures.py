@@ -44,7 +44,8 @@ def figures(idata, chains, report: dict, run_dir: Path, dcfg, log: logging.Logge
     arviz_fig("trace", lambda: az.plot_trace(idata, var_names=names, compact=False, divergences="bottom",
                                              figsize=(11, 2.2 * len(names)),
                                              backend_kwargs={"constrained_layout": True}))
-    arviz_fig("rank", lambda: az.plot_rank(idata, var_names=names, figsize=(11, 2.6 * ((len(names) + 1) // 2))))
+    arviz_fig("rank", lambda: az.plot_rank(idata, var_names=names, figsize=(11, 2.6 * ((len(names) + 1) // 2)),
+                                           backend_kwargs={"constrained_layout": True}))
     pair = [n for n in names if n != "Omega_m"]  # Omega_m = Omega_c + Omega_b: a line against Omega_c
     arviz_fig("pair", lambda: az.plot_pair(idata, var_names=pair, divergences=True, marginals=True,
                                            reference_values=ref, figsize=(2.6 * len(pair),) * 2,

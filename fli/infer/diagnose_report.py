@@ -36,6 +36,13 @@ def _n(x, spec=".4g") -> str:
     return "&ndash;" if x is None else format(x, spec)
 
 
+def _value(c: dict) -> str:
+    v = c["value"]
+    if v is not None and c["check"] in ("divergences", "tree_depth"):  # fractions, shown as their bands are
+        return f"{100 * v:.2f}%"
+    return _n(v)
+
+
 def _table(head: list[str], rows: list[list[str]], num_from: int = 1) -> str:
     h = "".join(f"<th>{html.escape(c)}</th>" for c in head)
     body = "".join("<tr>" + "".join(f'<td class="num">{c}</td>' if i >= num_from else f"<td>{c}</td>"
@@ -50,7 +57,7 @@ def render(report: dict, run_dir: Path) -> str:
              f"{report['exit_status']} (0 pass, 1 warn, 2 fail).</p>", "<h2>Checks</h2>"]
     parts.append(_table(["check", "what", "value", "verdict", "bands"],
                         [[e(c["check"]), e(c["what"] + (f" [{c['where']}]" if c.get("where") else "")),
-                          _n(c["value"]), _badge(c["verdict"]), e(c["bands"])] for c in report["checks"]], 2))
+                          _value(c), _badge(c["verdict"]), e(c["bands"])] for c in report["checks"]], 2))
     parts.append("<h2>Chains</h2>")
     parts.append(_table(["run", "chunks", "warm-up", "post-warm-up", "used", "notes"],
                         [[e(r["run"]), str(r["chunks"]), str(r["warmup_draws"]), str(r["post_warmup_draws"]),
