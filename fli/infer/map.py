@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from fli.config import SAMPLER_KEYS, Config, ConfigError
+from fli.config import DIAGNOSE_KEYS, SAMPLER_KEYS, Config, ConfigError
 from fli.infer import checkpoint as ckpt
 from fli.infer.model import Data, Latents, Posterior, build_posterior, make_data
 from fli.infer.optimize import MapRun, converged, history_array, make_step, run_map
@@ -41,7 +41,8 @@ FIELD_NAME = "map_field.zarr"
 # keys that only extend or re-place a run: they may change between a run and its resume
 MAY_CHANGE = ("inference.map.steps", "inference.map.tol", "inference.map.patience",
               "inference.map.checkpoint_every", "inference.map.laplace", "inference.map.cg_tol",
-              "inference.map.cg_maxiter", "inference.map.compare_truth", *SAMPLER_KEYS, "init", "run_dir", "progress",
+              "inference.map.cg_maxiter", "inference.map.compare_truth", *SAMPLER_KEYS, *DIAGNOSE_KEYS, "init",
+              "run_dir", "progress",
               "compilation_cache",
               "distributed", "name")
 

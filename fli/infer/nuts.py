@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from fli.config import Config, ConfigError
+from fli.config import DIAGNOSE_KEYS, Config, ConfigError
 from fli.infer import checkpoint as ckpt
 from fli.infer.model import Data, Latents, Posterior
 from fli.infer.sampler import NumpyroKernel, StepInfo
@@ -59,7 +59,7 @@ STAT_NAMES = ("diverging", "energy", "potential_energy", "tree_depth", "n_steps"
               "mean_accept_prob")
 # keys that only extend, re-place or re-report a run: they may change between a run and its resume
 MAY_CHANGE = ("inference.num_samples", "inference.map", "inference.chains_per_run", "run_dir", "progress",
-              "compilation_cache", "distributed", "name", "init", "inference.init_redraw")
+              "compilation_cache", "distributed", "name", "init", "inference.init_redraw", *DIAGNOSE_KEYS)
 
 
 class Accum(NamedTuple):
