@@ -47,7 +47,7 @@ import yaml
 
 from fli.config import DIAGNOSE_KEYS, Config, ConfigError
 from fli.infer import checkpoint as ckpt
-from fli.infer.model import Data, Latents, Posterior
+from fli.infer.model import Latents, Posterior
 from fli.infer.sampler import NumpyroKernel, StepInfo
 
 CHUNKS = "chunks"
@@ -417,7 +417,7 @@ def read_chunks(run_dir: Path, which=None) -> dict:
             with np.load(chunk_dir(run_dir, i) / f"{part}.npz") as f:
                 for name in f.files:
                     out[part].setdefault(name, []).append(f[name])
-    for part, d in out.items():
+    for d in out.values():
         for name, v in d.items():
             d[name] = v[0] if name == "k" else np.concatenate(v)
     return out
