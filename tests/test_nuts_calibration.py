@@ -116,7 +116,8 @@ def test_nuts_matches_the_gaussian_posterior_of_the_linear_forward(tmp_path):
     z_mean = (m_hat - m_true) / np.sqrt(v_true / ess)
     z_var = (v_hat / v_true - 1) / np.sqrt(2 / ess2)
     report = "\n".join(f"mode {MODES[j // 2]} {'cos' if j % 2 == 0 else 'sin'}: mean {m_hat[j]:+.3f} "
-                       f"vs {m_true[j]:+.3f} (z {z_mean[j]:+.2f}), var {v_hat[j]:.3f} vs {v_true[j]:.3f} (z {z_var[j]:+.2f}), "
+                       f"vs {m_true[j]:+.3f} (z {z_mean[j]:+.2f}), var {v_hat[j]:.3f} vs {v_true[j]:.3f} "
+                       f"(z {z_var[j]:+.2f}), "
                        f"ESS {ess[j]:.0f} / {ess2[j]:.0f}" for j in range(len(vs)))
     print(report)
     assert np.all(np.abs(z_mean) < 4), report
