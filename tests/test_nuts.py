@@ -157,6 +157,16 @@ def test_init_from_a_map_of_another_mock_is_refused(small_mock, tmp_path, capsys
     assert "not 'prior', 'truth' or a fli-map run directory" in capsys.readouterr().err
 
 
+def test_a_finished_chain_is_left_as_it_is(small_mock, chain, tmp_path, caplog):
+    """Started again with the same draw count (e.g. a sweep rerun after a crash), a finished
+    chain is reported and nothing is rewritten."""
+    run = tmp_path / "copy"
+    shutil.copytree(chain, run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and ".hydra" not in p.parts}
+    assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}"]) == 0
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and ".hydra" not in p.parts} == before
+
+
 def test_resuming_with_another_model_config_is_refused(small_mock, chain, tmp_path, capsys):
     run = tmp_path / "copy"
     shutil.copytree(chain, run)

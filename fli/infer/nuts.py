@@ -519,8 +519,10 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
         meta = ckpt.read_meta(ckpt_dir, last)
         ckpt.check_resumable(meta["config"], resolved, MAY_CHANGE, where=f"run_dir {run_dir}")
         if (run_dir / NUTS_JSON).exists() and meta["draws"] >= total:
-            raise ConfigError(f"run_dir {run_dir} already holds a finished chain of {meta['draws']} draws "
-                              f"({NUTS_JSON}): raise inference.num_samples to extend it, or choose another run_dir")
+            # a sweep started again after a crash passes over its finished jobs: nothing is rewritten
+            log.info("run_dir %s already holds a finished chain of %d draws (%s): nothing to do; raise "
+                     "inference.num_samples to extend it", run_dir, meta["draws"], NUTS_JSON)
+            return json.loads((run_dir / NUTS_JSON).read_text())
     grid, lay = post.fwd.grid, post.layout
     kernel = _kernel(cfg, post)
     key = jax.random.PRNGKey(cfg.seed)
