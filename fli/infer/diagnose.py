@@ -483,7 +483,11 @@ def run_diagnose(cfg, resolved: dict, run_dir: Path, log: logging.Logger) -> dic
 
 
 def _fmt(x, spec=".3g") -> str:
-    return "-" if x is None else format(x, spec)
+    """``x`` formatted; a missing value is a dash right-aligned to the spec's width."""
+    if x is not None:
+        return format(x, spec)
+    width = "".join(ch for ch in spec.split(".")[0] if ch.isdigit())
+    return "-".rjust(int(width)) if width else "-"
 
 
 def summary_table(report: dict) -> str:
