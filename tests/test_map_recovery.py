@@ -49,6 +49,7 @@ def _setup(overrides, seed, sigma=None):
     return cfg, post, data, s_true, kappa
 
 
+@pytest.mark.slow  # ~30 s on 2 cores
 def test_linear_forward_map_is_cg_posterior_mean():
     """8x8x32 cells, 4 planes, 8x8 pixels, 2 bins, linear forward, cosmology fixed at the truth,
     noise sigma_b = 2e-3 (S/N ~ 1-10 per pixel, so the data move the field well away from 0).

@@ -158,7 +158,7 @@ def test_log_density_and_gradient_on_two_processes(tmp_path, one_device_value_an
     _assert_same_value_and_grad(float(got["u"]), got["g_theta"], got["g_s"], one_device_value_and_grad)
 
 
-@pytest.mark.slow  # ~45 s on 2 cores; FD of the PM and lensing gradients stay in the default set
+@pytest.mark.slow  # ~45 s on 2 cores; FD of kappa through PM (test_lensing_forward) stays in the default set
 def test_posterior_gradient_matches_finite_differences_in_float64():
     """dU/dtheta for each sampled parameter and dU/ds along a white-noise direction: the
     finite differences recompute everything, the traced light cone included."""

@@ -92,7 +92,8 @@ def _loss_fn(grid, a_steps, adjoint):
     return loss
 
 
-@pytest.mark.parametrize("adjoint", [pytest.param("checkpoint", marks=pytest.mark.slow), "reversible"])
+@pytest.mark.slow  # ~40 s each on 2 cores; the FD test of kappa through PM (test_lensing_forward) stays default
+@pytest.mark.parametrize("adjoint", ["checkpoint", "reversible"])
 def test_gradients_match_finite_differences(adjoint):
     with jax.enable_x64(True):
         shape, box = (8, 8, 12), (200.0, 200.0, 300.0)
@@ -115,7 +116,7 @@ def test_gradients_match_finite_differences(adjoint):
         np.testing.assert_allclose(float(jnp.sum(g_s * v)), float(fd_s), rtol=1e-4)
 
 
-@pytest.mark.slow  # ~1 min on 2 cores; the FD test of both adjoints stays in the default set
+@pytest.mark.slow  # ~1 min on 2 cores
 def test_reversible_adjoint_matches_autodiff_float64():
     with jax.enable_x64(True):
         shape, box = (8, 8, 12), (200.0, 200.0, 300.0)

@@ -107,6 +107,7 @@ def test_the_running_mean_is_the_mean_of_the_draws(small_mock, tmp_path):
     np.testing.assert_allclose(np.asarray(r["var_white_noise"][...]), s.var(0, ddof=1), atol=1e-5)
 
 
+@pytest.mark.slow  # ~40 s on 2 cores; resume is also checked by the SIGKILL test (slow)
 def test_extending_a_chain_continues_it_bit_for_bit(small_mock, chain, tmp_path):
     """8 draws, then the same run directory with num_samples raised to 12 draws in all: the
     draws and stats equal the 12-draw chain's, bitwise (state, adaptation and key resumed)."""

@@ -110,6 +110,7 @@ def _cosmo(omega_c):
     pytest.param("jaxdecomp", (2, 2), marks=pytest.mark.slow),
     pytest.param("ppermute", (2, 2), marks=pytest.mark.slow),
 ])
+@pytest.mark.slow  # ~25 s on 2 cores
 def test_cic_hvp_positions_masses_field(exchange, pdims, monkeypatch):
     """Mixed second derivatives of the paint (positions x masses) and of the read (positions x
     field), with the read's tangent split into slabs of one x row. The default run takes the
@@ -138,7 +139,7 @@ def test_cic_hvp_positions_masses_field(exchange, pdims, monkeypatch):
 # --------------------------------------------------------------------------- PM force
 
 
-@pytest.mark.slow  # ~35 s on 2 cores; the simulation HVP through PM stays in the default set
+@pytest.mark.slow  # ~35 s on 2 cores
 @pytest.mark.parametrize("pdims", [(1, 1), (2, 2)])
 def test_pm_force_hvp_displacements_and_omega_c(pdims):
     grid = Grid(SHAPE, BOX, make_mesh(pdims), halo=HALO, dtype="float64")
@@ -197,7 +198,7 @@ def _check_simulation_hvp(pdims, adjoint, param, value, lpt_order, modes):
 # conditions and one device; the slow one checks both modes, Omega_c, 2LPT on a (2, 2) mesh.
 
 
-@pytest.mark.slow  # 30 s each on 2 cores; the painting HVP (test_cic_hvp_*) stays in the default set
+@pytest.mark.slow  # 30 s each on 2 cores
 @pytest.mark.parametrize(("adjoint", "mode"), [("checkpoint", "reverse"), ("reversible", "forward")])
 def test_simulation_hvp_white_noise_and_sigma8(adjoint, mode):
     _check_simulation_hvp((1, 1), adjoint, "sigma8", 0.81, 1, (mode,))
