@@ -231,6 +231,11 @@ def test_hmc_kernel_takes_its_fixed_number_of_steps(small_mock, tmp_path):
     np.testing.assert_array_equal(st["n_steps"], np.full(6, 5))
     np.testing.assert_array_equal(st["gradient_evals"], 1 + 5 * np.arange(1, 7))
     assert json.loads((run / "nuts.json").read_text())["kernel"] == "hmc"
+    # and it resumes (HMC's state holds Python scalars beside the arrays)
+    assert nuts_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", "inference.kernel=hmc", "inference.num_steps=5",
+                      "inference.num_warmup=3", "inference.num_samples=6", "inference.chunk=3",
+                      "inference.field_thin=3"]) == 0
+    assert complete_chunks(run) == [0, 1, 2]
 
 
 @pytest.mark.parametrize("old, new", [((2, 2), (1, 2)), pytest.param((1, 1), (2, 4), marks=pytest.mark.slow),

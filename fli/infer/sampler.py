@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -135,13 +136,15 @@ class NumpyroKernel:
         shapes = jax.eval_shape(self._init_fn, z0, key, data)
         self._traced_init = True
         shard = self.shardings(shapes)
-        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shard)
+        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) if hasattr(s, "shape")
+                            else s, shapes, shard)
 
     def shardings(self, tree):
         """Every flat-latent-sized vector sharded like the latent, everything else replicated."""
         mesh, size = self.layout.mesh, self.layout.size
         flat, rep = NamedSharding(mesh, FLAT_SPEC), NamedSharding(mesh, P())
-        return jax.tree.map(lambda x: flat if tuple(x.shape) == (size,) else rep, tree)
+        # np.shape: HMC's state holds Python scalars (its fixed trajectory) beside the arrays
+        return jax.tree.map(lambda x: flat if tuple(np.shape(x)) == (size,) else rep, tree)
 
     # -- internals ------------------------------------------------------------------------
     def _init_fn(self, z0, key, data):
