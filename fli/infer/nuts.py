@@ -47,8 +47,10 @@ import yaml
 
 from fli.config import DIAGNOSE_KEYS, Config, ConfigError
 from fli.infer import checkpoint as ckpt
+from fli.infer.map import _write_text
 from fli.infer.model import Latents, Posterior
 from fli.infer.sampler import NumpyroKernel, StepInfo
+from fli.io import _barrier
 
 CHUNKS = "chunks"
 RUNNING = "running.zarr"
@@ -83,25 +85,12 @@ class Draws(NamedTuple):
     pk_lin: jax.Array
 
 
-def _write_text(path: Path, text: str) -> None:
-    if jax.process_index() == 0:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.rename(path)
-
-
 def _savez(path: Path, **arrays) -> None:
     """np.savez written aside, then renamed (process 0)."""
     if jax.process_index() == 0:
         tmp = path.with_name(path.name + ".tmp.npz")
         np.savez(tmp, **arrays)
         os.replace(tmp, path)
-
-
-def _barrier(name: str) -> None:
-    from fli.io import _barrier as b  # noqa: PLC0415
-
-    b(name)
 
 
 def _host(x) -> np.ndarray:
@@ -231,8 +220,9 @@ def _welford(acc: Accum, s, kappa, w) -> Accum:
 def make_chunk(kernel: NumpyroKernel, post: Posterior, n: int, thin: int, num_warmup: int, kedges):
     """Jitted ``(state, acc, data) -> (state, acc, Draws, fields)`` for ``n`` draws; ``fields``
     holds the white noise and kappa of every ``thin``-th draw (``n // thin`` of them)."""
-    from fli.lpt import linear_field  # noqa: PLC0415
-    from fli.power import power_spectrum  # noqa: PLC0415
+    from fli.cosmology import growth_factor  # noqa: PLC0415
+    from fli.lpt import linear_modes  # noqa: PLC0415
+    from fli.power import binned_spectra  # noqa: PLC0415
 
     grid, lay = post.fwd.grid, post.layout
 
@@ -245,8 +235,11 @@ def make_chunk(kernel: NumpyroKernel, post: Posterior, n: int, thin: int, num_wa
         acc = _welford(acc, s, kappa, w)
         acc = acc._replace(grads=acc.grads + info.num_steps.astype(jnp.int32))
         cosmo = post.cosmology(theta)
-        _, pk_s, _ = power_spectrum(s, grid.fft, grid.box, kedges)
-        _, pk_lin, _ = power_spectrum(linear_field(cosmo, s, grid, 1.0), grid.fft, grid.box, kedges)
+        # both spectra from k-space in one binning pass: the linear field's modes are the white
+        # noise's times sqrt(P) (no round trip through real space)
+        s_k, lin_k = grid.fft.rfft(s), linear_modes(cosmo, s, grid)
+        _, (pk_s, pk_lin), _ = binned_spectra(grid.fft, grid.box, [(s_k, s_k), (lin_k, lin_k)], kedges)
+        pk_lin = pk_lin * growth_factor(cosmo, jnp.asarray(1.0, grid.jdtype)) ** 2
         out = Draws(post.params(theta), info, acc.grads, pk_s, pk_lin)
         return (state, acc), out, s, kappa
 
