@@ -253,7 +253,7 @@ class InferenceConfig:
     chunk: int = 50  # draws per chunk: outputs and a checkpoint after each
     field_thin: int = 50  # every field_thin-th draw's white noise and kappa to zarr; divides chunk
     init_redraw: str = "wiener"  # init=<map dir>: redraw the modes the data leave free ("wiener" | "none")
-    chains_per_run: int = 1  # chains in one run (vectorised); only 1 today: use -m seed=... for more
+    chains_per_run: int = 1  # chains vectorised in one run (one program, jax.vmap); a sweep adds runs
 
     def __post_init__(self) -> None:
         for k in ("num_samples", "max_tree_depth", "num_steps", "chunk", "field_thin"):
@@ -266,9 +266,7 @@ class InferenceConfig:
         _check(self.chunk % self.field_thin == 0, "inference.field_thin",
                f"a divisor of inference.chunk = {self.chunk}", self.field_thin)
         _check(self.init_redraw in INIT_REDRAWS, "inference.init_redraw", "'wiener' or 'none'", self.init_redraw)
-        _check(self.chains_per_run == 1, "inference.chains_per_run",
-               "1 (several chains per run are not built yet; run chains as a sweep: fli-nuts -m seed=0,1,2,3)",
-               self.chains_per_run)
+        _check(self.chains_per_run >= 1, "inference.chains_per_run", ">= 1", self.chains_per_run)
 
 
 @dataclass
@@ -342,7 +340,7 @@ class Config:
     mock: Optional[str] = None  # path of a fli-mock run directory (for fli-map / fli-nuts)
     runs: Optional[list[str]] = None  # fli-diagnose: fli-nuts run directories
     sweep: Optional[str] = None  # fli-diagnose: a fli-nuts multirun directory (each job subdirectory a run)
-    init: Optional[str] = None  # fli-nuts start: null/"prior", "truth" (a mock's), or a fli-map run dir
+    init: Optional[str] = None  # fli-nuts start: null/"prior", "truth" (a mock's), a point file (.json/.npz), a fli-map run dir
     progress: bool = True
     compilation_cache: Optional[str] = "~/.cache/fli/jax"  # JAX's persistent compilation cache; null: off
     name: str = MISSING  # experiment name, set by the experiment file or config.yaml

@@ -46,7 +46,7 @@ STAT_KEYS = ("diverging", "energy", "tree_depth", "n_steps", "step_size", "accep
 # run (the start differs between chains on purpose: R-hat compares chains from spread starts)
 MAY_DIFFER = ("seed", "run_dir", "distributed", "progress", "compilation_cache", "name", "init",
               "inference.num_samples", "inference.num_warmup", "inference.chunk", "inference.field_thin",
-              "inference.init_redraw", "inference.map", *DIAGNOSE_KEYS)
+              "inference.init_redraw", "inference.map", "inference.chains_per_run", *DIAGNOSE_KEYS)
 VERDICTS = ("pass", "warn", "fail")
 EXIT_STATUS = {"pass": 0, "warn": 1, "fail": 2}
 
@@ -81,8 +81,16 @@ class Chain:
 # ================================================================ reading the runs
 
 
+def _chains_of(run: Path) -> list[Path]:
+    """A run of several vectorised chains (``inference.chains_per_run``) is its ``chain_<c>``
+    directories; any other run is its own one chain."""
+    subs = [p for p in run.glob("chain_*") if p.is_dir() and p.name[len("chain_"):].isdigit()]
+    return sorted(subs, key=lambda p: int(p.name[len("chain_"):])) or [run]
+
+
 def find_runs(runs: list[str] | None, sweep: str | None) -> list[Path]:
-    """The run directories named by ``runs=[...]`` or by the job subdirectories of ``sweep=``."""
+    """The chains named by ``runs=[...]`` or by the job subdirectories of ``sweep=``: one per
+    run directory, or each ``chain_<c>/`` of a run of several vectorised chains."""
     if not runs and not sweep:
         raise ConfigError("give the chains to diagnose: runs=[dir1,dir2] (fli-nuts run directories) or "
                           "sweep=<dir> (a fli-nuts multirun directory)")
@@ -93,7 +101,7 @@ def find_runs(runs: list[str] | None, sweep: str | None) -> list[Path]:
         for r in out:
             if not r.is_dir():
                 raise ConfigError(f"runs: {r} is not a directory (a fli-nuts run directory)")
-        return out
+        return [c for r in out for c in _chains_of(r)]
     s = Path(sweep)
     if not s.is_dir():
         raise ConfigError(f"sweep={s} is not a directory (a fli-nuts multirun directory, e.g. multirun/nuts/<date>)")
@@ -101,7 +109,8 @@ def find_runs(runs: list[str] | None, sweep: str | None) -> list[Path]:
             and ((p / CHUNKS).is_dir() or (p / "config.yaml").is_file())]
     if not jobs:
         raise ConfigError(f"sweep={s} holds no fli-nuts job directory (none with chunks/ or config.yaml)")
-    return sorted(jobs, key=lambda p: (0, int(p.name)) if p.name.isdigit() else (1, p.name))
+    jobs = sorted(jobs, key=lambda p: (0, int(p.name)) if p.name.isdigit() else (1, p.name))
+    return [c for j in jobs for c in _chains_of(j)]
 
 
 def read_chain(run: Path) -> Chain | str:

@@ -60,12 +60,13 @@ DONE = "DONE"
 STAT_NAMES = ("diverging", "energy", "potential_energy", "tree_depth", "n_steps", "step_size", "acceptance_rate",
               "mean_accept_prob")
 # keys that only extend, re-place or re-report a run: they may change between a run and its resume
-MAY_CHANGE = ("inference.num_samples", "inference.map", "inference.chains_per_run", "run_dir", "progress",
+MAY_CHANGE = ("inference.num_samples", "inference.map", "run_dir", "progress",
               "compilation_cache", "distributed", "name", "init", "inference.init_redraw", *DIAGNOSE_KEYS)
 
 
 class Accum(NamedTuple):
-    """Running statistics carried through the chunks (checkpointed with the kernel state)."""
+    """Running statistics carried through the chunks (checkpointed with the kernel state); in
+    the run's state every leaf has the chain axis first."""
 
     n: jax.Array  # post-warm-up draws counted (int32)
     mean_s: jax.Array
@@ -76,7 +77,7 @@ class Accum(NamedTuple):
 
 
 class Draws(NamedTuple):
-    """Per-draw outputs of a chunk (stacked)."""
+    """Per-draw outputs of a chunk (stacked: ``[n_draws, n_chains]``)."""
 
     params: dict
     info: StepInfo
@@ -98,6 +99,35 @@ def _host(x) -> np.ndarray:
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         return np.asarray(x.addressable_data(0))
     return np.asarray(x)
+
+
+def take_chain(x, c: int, axis: int, spec):
+    """Chain ``c`` of ``x`` along ``axis``: a sharded array stays where it is (``spec``: the
+    slice's PartitionSpec), a host array is indexed."""
+    if not isinstance(x, jax.Array):
+        return np.take(np.asarray(x), c, axis=axis)
+    from jax.sharding import NamedSharding  # noqa: PLC0415
+
+    mesh = x.sharding.mesh if isinstance(x.sharding, NamedSharding) else None
+    if mesh is None:
+        return np.take(_host(x), c, axis=axis)
+    return jax.jit(lambda a: jax.lax.index_in_dim(a, c, axis, keepdims=False),
+                   out_shardings=NamedSharding(mesh, spec))(x)
+
+
+def chain_run_dir(run_dir: Path, c: int, chains: int) -> Path:
+    """Where chain ``c`` of a run writes its chunks: the run directory itself for one chain,
+    ``chain_<c>/`` in it for ``inference.chains_per_run`` > 1."""
+    return Path(run_dir) if chains == 1 else Path(run_dir) / f"chain_{c}"
+
+
+def chain_keys(seed: int, chains: int):
+    """Per chain ``(init key, kernel key)``; chain 0 of any run is the one chain of
+    ``chains_per_run=1`` with the same seed (the others fold their index into the seed's key)."""
+    base = jax.random.PRNGKey(seed)
+    keys = [base if c == 0 else jax.random.fold_in(base, c) for c in range(chains)]
+    pairs = [jax.random.split(k) for k in keys]
+    return [p[0] for p in pairs], jnp.stack([p[1] for p in pairs])
 
 
 # ================================================================ the start of the chain
@@ -163,6 +193,65 @@ def redraw_free_modes(s_map, grid, key):
     return jax.jit(f, out_shardings=grid.sharding)(s_map, noise), {"k": k.tolist(), "W": w.tolist()}
 
 
+POINT_SUFFIXES = (".json", ".npz")
+
+
+def point_start(path: str, post: Posterior, k_field, k_theta, rest):
+    """The flat latent at a given point: ``init=<file>.json`` of parameter values
+    (``{"Omega_c": 0.3, "sigma8": 0.8}``) or ``init=<file>.npz`` of parameter values and/or
+    ``white_noise`` (the grid's ``[nx, ny, nz]``). Parameters not given are drawn from their
+    prior, and the white noise too when it is not given (every process reads the file and
+    places only its own blocks)."""
+    from fli.sharding import white_noise  # noqa: PLC0415
+
+    lay, grid = post.layout, post.fwd.grid
+    f = Path(path)
+    if not f.is_file():
+        raise ConfigError(f"init={path}: no such file (a point is a .json of parameter values or a .npz of "
+                          f"parameter values and/or white_noise)")
+    try:
+        if f.suffix == ".json":
+            values = json.loads(f.read_text())
+            if not isinstance(values, dict):
+                raise ValueError("not a JSON object")
+        else:
+            with np.load(f) as z:
+                values = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"init={path}: unreadable ({type(e).__name__}: {e})") from None
+    valid = [*post.names, *(["white_noise"] if f.suffix == ".npz" else [])]
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ConfigError(f"init={path}: unknown key(s) {unknown}; valid: {valid} (the sampled parameters"
+                          f"{' and the white noise' if f.suffix == '.npz' else ''})")
+    given = [n for n in post.names if n in values]
+    for n in given:
+        v = np.asarray(values[n], np.float64)
+        if v.size != 1 or not np.isfinite(v).all():
+            raise ConfigError(f"init={path}: {n} must be one finite number, got {values[n]!r}")
+    # the parameters not given at a prior draw: physical values of standard-normal latents
+    drawn = np.asarray(post.prior(jax.random.normal(k_theta, (post.prior.n,), jnp.float32)), np.float64)
+    point = {n: (float(np.asarray(values[n]).reshape(())) if n in values else float(drawn[i]))
+             for i, n in enumerate(post.names)}
+    try:
+        theta = post.theta_of(point)  # outside a prior's support: a ConfigError naming the parameter
+    except ConfigError as e:
+        raise ConfigError(f"init={path}: {e}") from None
+    if "white_noise" in values:
+        w = np.asarray(values["white_noise"])
+        if tuple(w.shape) != tuple(grid.shape) or not np.isfinite(w).all():
+            raise ConfigError(f"init={path}: white_noise must be a finite array of the grid's shape "
+                              f"{list(grid.shape)}, got shape {list(w.shape)}")
+        w = w.astype(grid.dtype)
+        s = jax.make_array_from_callback(tuple(grid.shape), grid.sharding, lambda idx: w[idx])
+    else:
+        s = white_noise(int(jax.random.randint(k_field, (), 0, 2**30)), grid.shape, grid.mesh, dtype=grid.jdtype)
+    desc = {"init": str(path), "given": [*given, *(["white_noise"] if "white_noise" in values else [])],
+            "drawn_from_prior": [n for n in post.names if n not in given]
+            + ([] if "white_noise" in values else ["white_noise"])}
+    return lay.pack(jnp.asarray(theta, grid.jdtype), s, rest), desc
+
+
 def initial_point(cfg: Config, post: Posterior, obs, key, log: logging.Logger):
     """The flat latent the chain starts from and a description of it (for nuts.json)."""
     from fli.sharding import white_noise  # noqa: PLC0415
@@ -182,8 +271,11 @@ def initial_point(cfg: Config, post: Posterior, obs, key, log: logging.Logger):
         theta = jnp.asarray(post.theta_of(obs.truth), grid.jdtype)
         return lay.pack(theta, obs.white_noise.astype(grid.jdtype), rest), {"init": "truth"}
     map_dir = Path(how)
+    if map_dir.suffix in POINT_SUFFIXES:
+        return point_start(how, post, k_field, jax.random.fold_in(k_rest, 1), rest)
     if not map_dir.is_dir():
-        raise ConfigError(f"init={how}: not 'prior', 'truth' or a fli-map run directory")
+        raise ConfigError(f"init={how}: not 'prior', 'truth', a point file (.json or .npz) or a fli-map run "
+                          f"directory")
     from fli.infer.map import load_map_field  # noqa: PLC0415
 
     mj = check_init_map(cfg, map_dir)
@@ -218,16 +310,20 @@ def _welford(acc: Accum, s, kappa, w) -> Accum:
 
 
 def make_chunk(kernel: NumpyroKernel, post: Posterior, n: int, thin: int, num_warmup: int, kedges):
-    """Jitted ``(state, acc, data) -> (state, acc, Draws, fields)`` for ``n`` draws; ``fields``
-    holds the white noise and kappa of every ``thin``-th draw (``n // thin`` of them)."""
+    """Jitted ``(state, acc, data) -> (state, acc, Draws, fields)`` for ``n`` draws of every
+    chain (the state and ``acc`` have the chain axis first; each draw is ``jax.vmap`` ped over
+    it); ``fields`` holds the white noise and kappa of every ``thin``-th draw
+    (``[n // thin, n_chains, ...]``)."""
+    from jax.sharding import NamedSharding  # noqa: PLC0415
+    from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+
     from fli.cosmology import growth_factor  # noqa: PLC0415
     from fli.lpt import linear_modes  # noqa: PLC0415
     from fli.power import binned_spectra  # noqa: PLC0415
 
     grid, lay = post.fwd.grid, post.layout
 
-    def one(carry, data):
-        state, acc = carry
+    def one_chain(state, acc, data):
         state, info = kernel.step(state, data)
         theta, s = lay.unpack(kernel.position(state))
         kappa, _ = post.predict(Latents(theta, s))
@@ -241,7 +337,17 @@ def make_chunk(kernel: NumpyroKernel, post: Posterior, n: int, thin: int, num_wa
         _, (pk_s, pk_lin), _ = binned_spectra(grid.fft, grid.box, [(s_k, s_k), (lin_k, lin_k)], kedges)
         pk_lin = pk_lin * growth_factor(cosmo, jnp.asarray(1.0, grid.jdtype)) ** 2
         out = Draws(post.params(theta), info, acc.grads, pk_s, pk_lin)
-        return (state, acc), out, s, kappa
+        return state, acc, out, s, kappa
+
+    from fli.lensing import MAP_SPEC  # noqa: PLC0415
+
+    s_sh = NamedSharding(grid.mesh, P(None, *grid.sharding.spec))
+    k_sh = NamedSharding(grid.mesh, P(None, *MAP_SPEC))
+
+    def one(carry, data):
+        state, acc, out, s, kappa = jax.vmap(one_chain, in_axes=(0, 0, None))(*carry, data)
+        return (state, acc), out, jax.lax.with_sharding_constraint(s, s_sh), jax.lax.with_sharding_constraint(kappa,
+                                                                                                             k_sh)
 
     def group(carry, data, length):
         def body(c, _):
@@ -276,22 +382,25 @@ def make_chunk(kernel: NumpyroKernel, post: Posterior, n: int, thin: int, num_wa
     return jax.jit(chunk, donate_argnums=(0, 1))
 
 
-def zero_accum(post: Posterior) -> Accum:
+def zero_accum(post: Posterior, chains: int = 1) -> Accum:
+    """Empty running statistics for ``chains`` chains (chain axis first)."""
     from jax.sharding import NamedSharding  # noqa: PLC0415
     from jax.sharding import PartitionSpec as P  # noqa: PLC0415
 
     from fli.lensing import MAP_SPEC  # noqa: PLC0415
 
     g = post.fwd.grid
-    ksh = NamedSharding(g.mesh, MAP_SPEC)
+    ksh = NamedSharding(g.mesh, P(None, *MAP_SPEC))
+    ssh = NamedSharding(g.mesh, P(None, *g.sharding.spec))
     rep = NamedSharding(g.mesh, P())
 
     def z():
-        zs = jnp.zeros(g.shape, g.jdtype)
-        zk = jnp.zeros(post.fwd.map_shape, g.jdtype)
-        return Accum(jnp.zeros((), jnp.int32), zs, zs, zk, zk, jnp.zeros((), jnp.int32))
+        zs = jnp.zeros((chains, *g.shape), g.jdtype)
+        zk = jnp.zeros((chains, *post.fwd.map_shape), g.jdtype)
+        zi = jnp.zeros((chains,), jnp.int32)
+        return Accum(zi, zs, zs, zk, zk, zi)
 
-    return jax.jit(z, out_shardings=Accum(rep, g.sharding, g.sharding, ksh, ksh, rep))()
+    return jax.jit(z, out_shardings=Accum(rep, ssh, ssh, ksh, ksh, rep))()
 
 
 # ================================================================ files
@@ -497,12 +606,18 @@ def _state(kstate, acc: Accum) -> dict:
 
 
 def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> dict:
-    """Sample (or resume) one chain into ``run_dir``; returns the content of ``nuts.json``."""
+    """Sample (or resume) the run's chains into ``run_dir``; returns the content of ``nuts.json``."""
+    from jax.sharding import NamedSharding  # noqa: PLC0415
+    from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+
+    from fli.infer.layout import FLAT_SPEC  # noqa: PLC0415
     from fli.infer.map import prepare  # noqa: PLC0415
+    from fli.lensing import MAP_SPEC  # noqa: PLC0415
     from fli.power import default_kedges  # noqa: PLC0415
 
     run_dir = Path(run_dir)
     icfg = cfg.inference
+    n_chains = icfg.chains_per_run
     obs, post, data = prepare(cfg, log, compare_truth=False)
     total = icfg.num_warmup + icfg.num_samples
     ckpt_dir = run_dir / "checkpoints"
@@ -513,23 +628,27 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
         ckpt.check_resumable(meta["config"], resolved, MAY_CHANGE, where=f"run_dir {run_dir}")
         if (run_dir / NUTS_JSON).exists() and meta["draws"] >= total:
             # a sweep started again after a crash passes over its finished jobs: nothing is rewritten
-            log.info("run_dir %s already holds a finished chain of %d draws (%s): nothing to do; raise "
+            log.info("run_dir %s already holds a finished run of %d draws (%s): nothing to do; raise "
                      "inference.num_samples to extend it", run_dir, meta["draws"], NUTS_JSON)
             return json.loads((run_dir / NUTS_JSON).read_text())
     grid, lay = post.fwd.grid, post.layout
+    chain_dirs = [chain_run_dir(run_dir, c, n_chains) for c in range(n_chains)]
     kernel = _kernel(cfg, post)
-    key = jax.random.PRNGKey(cfg.seed)
-    k_init, k_kernel = jax.random.split(key)
+    k_inits, k_kernels = chain_keys(cfg.seed, n_chains)
+    zsh = NamedSharding(grid.mesh, P(None, *FLAT_SPEC))
     t0 = time.perf_counter()
     if last is None:
-        z0, init_desc = initial_point(cfg, post, obs, k_init, log)
-        kstate = kernel.init(z0, k_kernel, data)
-        acc = zero_accum(post)
+        starts = [initial_point(cfg, post, obs, k, log) for k in k_inits]
+        init_desc = starts[0][1]
+        z0 = jax.jit(lambda *zs: jnp.stack(zs), out_shardings=zsh)(*[z for z, _ in starts])
+        del starts
+        kstate = kernel.init(z0, k_kernels, data)
+        acc = zero_accum(post, n_chains)
         acc = acc._replace(grads=acc.grads + 1)
         done, seconds0, chunk0 = 0, 0.0, 0
     else:
-        z0 = jax.ShapeDtypeStruct((lay.size,), grid.jdtype, sharding=lay.sharding)
-        template = _state(kernel.state_template(z0, k_kernel, data), zero_accum(post))
+        z0 = jax.ShapeDtypeStruct((n_chains, lay.size), grid.jdtype, sharding=zsh)
+        template = _state(kernel.state_template(z0, k_kernels, data), zero_accum(post, n_chains))
         if list(meta["pdims"]) != list(grid.pdims):
             from fli.infer.relayout import restore_on_new_layout  # noqa: PLC0415
 
@@ -540,10 +659,12 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
         done, seconds0, chunk0, init_desc = int(meta["draws"]), float(meta["seconds"]), last + 1, meta["init"]
         log.info("resuming after chunk %d (%d draws done; saved on pdims %s, now %s)", last, done, meta["pdims"],
                  list(grid.pdims))
-    tidy_chunks(run_dir, last, log)
+    for d in chain_dirs:
+        tidy_chunks(d, last, log)
     if jax.process_index() == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _write_text(run_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+        for d in dict.fromkeys([run_dir, *chain_dirs]):
+            d.mkdir(parents=True, exist_ok=True)
+            _write_text(d / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
     if done >= total:
         log.info("nothing to do: %d draws done of %d", done, total)
     kedges = default_kedges(grid.fft, grid.box)
@@ -551,9 +672,10 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
     grid_info = {"shape": list(grid.shape), "box": list(grid.box), "pdims": list(grid.pdims)}
     names = post.names
     programs: dict[int, object] = {}
-    log.info("%s on %d latents (%s field, %s, %d warm-up + %d draws in chunks of %d; %s forward, %s light cone); "
+    log.info("%s on %d latents (%s field, %s, %d warm-up + %d draws in chunks of %d; %s forward, %s light cone%s); "
              "start: %s", icfg.kernel.upper(), post.dim, "x".join(map(str, grid.shape)),
              ", ".join(names), icfg.num_warmup, icfg.num_samples, icfg.chunk, post.fwd.kind, post.fwd.lightcone,
+             f"; {n_chains} vectorised chains" if n_chains > 1 else "",
              init_desc.get("init") if isinstance(init_desc, dict) else init_desc)
     observed = kappa_summary(obs)  # a collective where the map is sharded over processes
     attrs = {"config": yaml.safe_dump(resolved, sort_keys=False), "pdims": list(grid.pdims),
@@ -561,7 +683,8 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
              "energy_offset": post.energy_offset + 0.5 * lay.size, "init": init_desc}
     i = chunk0
     t_start = time.perf_counter()
-    n_div_post = _count_post_divergences(run_dir)
+    n_div_post = sum(_count_post_divergences(d) for d in chain_dirs)
+    s_spec, k_spec = P(None, *grid.sharding.spec), P(None, *MAP_SPEC)
     while done < total:
         n = min(icfg.chunk, total - done)
         if n not in programs:
@@ -574,25 +697,94 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
         jax.block_until_ready(kstate)
         dt = time.perf_counter() - tc
         seconds = seconds0 + dt * (np.arange(1, n + 1) / n)
-        write_chunk(run_dir, i, done, icfg.num_warmup, names, draws, fields, icfg.field_thin, k_centres, seconds,
-                    grid_info)
-        write_running(run_dir, acc, grid_info)
+        host = jax.tree.map(_host, draws)  # replicated per-draw scalars [n, chains]
+        for c, d in enumerate(chain_dirs):
+            f_c = None if fields is None else (take_chain(fields[0], c, 1, s_spec), take_chain(fields[1], c, 1, k_spec))
+            write_chunk(d, i, done, icfg.num_warmup, names, jax.tree.map(lambda x, c=c: x[:, c], host), f_c,
+                        icfg.field_thin, k_centres, seconds, grid_info)
+            write_running(d, _accum_of_chain(acc, c, grid), grid_info)
         done += n
         seconds0 += dt
         meta = {"config": resolved, "draws": done, "chunk": i, "pdims": list(grid.pdims), "seconds": seconds0,
-                "init": init_desc, "time": time.time(), "layout_size": lay.size, "n_params": post.prior.n}
+                "init": init_desc, "time": time.time(), "layout_size": lay.size, "n_params": post.prior.n,
+                "chains": n_chains}
         ckpt.save_checkpoint(ckpt_dir, i, _state(kstate, acc), meta)
-        mark_chunk(run_dir, i)
-        write_inference_data(run_dir, post, obs, {**attrs, "seconds": seconds0, "_observed": observed})
-        n_div_post += int(np.sum(_host(draws.info.diverging)[np.arange(done - n, done) >= icfg.num_warmup]))
-        _progress(log, icfg, done, total, draws, acc, dt / n, n_div_post, time.perf_counter() - t_start, i, chunk0)
+        for d in chain_dirs:
+            mark_chunk(d, i)
+        for d in chain_dirs:
+            write_inference_data(d, post, obs, {**attrs, "seconds": seconds0, "_observed": dict(observed)})
+        if n_chains > 1:
+            write_combined_inference_data(run_dir, chain_dirs)
+        post_mask = np.arange(done - n, done) >= icfg.num_warmup
+        n_div_post += int(np.sum(np.asarray(host.info.diverging)[post_mask]))
+        _progress(log, icfg, done, total, host, acc, dt / n, n_div_post, time.perf_counter() - t_start, i, chunk0)
         i += 1
-    summary = _summary(run_dir, icfg, post, acc, seconds0, init_desc, time.perf_counter() - t0)
+    summaries = [_summary(d, icfg, post, seconds0, init_desc, time.perf_counter() - t0) for d in chain_dirs]
+    if n_chains == 1:
+        summary = summaries[0]
+    else:
+        for d, sm in zip(chain_dirs, summaries, strict=True):
+            _write_text(d / NUTS_JSON, json.dumps(sm, indent=1))
+        summary = _combined_summary(summaries, chain_dirs)
     _write_text(run_dir / NUTS_JSON, json.dumps(summary, indent=1))
-    log.info("done: %d draws (%d after warm-up), %d divergences after warm-up, %d gradient evaluations, %.1f s "
-             "sampling; %s", summary["draws"], summary["draws_post_warmup"], summary["divergences_post_warmup"],
-             summary["gradient_evals"], summary["seconds_sampling"], run_dir)
+    log.info("done: %d chain(s) of %d draws (%d after warm-up), %d divergences after warm-up, %d gradient "
+             "evaluations, %.1f s sampling; %s", n_chains, summaries[0]["draws"], summaries[0]["draws_post_warmup"],
+             sum(sm["divergences_post_warmup"] for sm in summaries), sum(sm["gradient_evals"] for sm in summaries),
+             seconds0, run_dir)
     return summary
+
+
+def _accum_of_chain(acc: Accum, c: int, grid) -> Accum:
+    from fli.lensing import MAP_SPEC  # noqa: PLC0415
+
+    s_spec, k_spec = grid.sharding.spec, MAP_SPEC
+    return Accum(_host(acc.n)[c], take_chain(acc.mean_s, c, 0, s_spec), take_chain(acc.m2_s, c, 0, s_spec),
+                 take_chain(acc.mean_k, c, 0, k_spec), take_chain(acc.m2_k, c, 0, k_spec), _host(acc.grads)[c])
+
+
+def write_combined_inference_data(run_dir: Path, chain_dirs: list[Path]) -> Path | None:
+    """``posterior.nc`` of a run of several chains: the chains' own files along ``chain``
+    (process 0; replaced atomically)."""
+    if jax.process_index() != 0:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("arviz").setLevel(logging.WARNING)
+        import arviz as az  # noqa: PLC0415
+        import xarray as xr  # noqa: PLC0415
+
+        parts = [az.from_netcdf(str(d / POSTERIOR_NC)) for d in chain_dirs]
+        groups = {}
+        for g in parts[0].groups():
+            if g == "observed_data":
+                groups[g] = parts[0][g]
+                continue
+            ds = xr.concat([p[g] for p in parts], dim="chain")
+            groups[g] = ds.assign_coords(chain=np.arange(len(parts)))
+        idata = az.InferenceData(**groups)
+        idata.attrs.update(parts[0].attrs)
+        idata.attrs["chains"] = json.dumps([str(d.name) for d in chain_dirs])
+        tmp = run_dir / (POSTERIOR_NC + ".tmp")
+        idata.to_netcdf(str(tmp), engine="h5netcdf")
+        for p in parts:
+            p.close()
+    os.replace(tmp, run_dir / POSTERIOR_NC)
+    return run_dir / POSTERIOR_NC
+
+
+def _combined_summary(summaries: list[dict], chain_dirs: list[Path]) -> dict:
+    s0 = summaries[0]
+    out = {k: s0[k] for k in ("kernel", "draws", "draws_post_warmup", "num_warmup", "chunks", "seconds_sampling",
+                              "seconds_this_run", "init", "dim", "pdims", "energy_note", "warmup_note")}
+    out.update(chains_per_run=len(summaries),
+               divergences_post_warmup=sum(s["divergences_post_warmup"] for s in summaries),
+               gradient_evals=sum(s["gradient_evals"] for s in summaries),
+               chains={d.name: {k: s[k] for k in ("divergences_post_warmup", "gradient_evals", "step_size",
+                                                  "mean_tree_depth", "params_mean")}
+                       for d, s in zip(chain_dirs, summaries, strict=True)},
+               vectorised_note="the chains advance together in one program: a draw of all of them takes as long as "
+                               "the deepest tree among them, so seconds_sampling is the run's, not per chain")
+    return out
 
 
 def _count_post_divergences(run_dir: Path) -> int:
@@ -603,14 +795,17 @@ def _count_post_divergences(run_dir: Path) -> int:
 
 
 def _progress(log, icfg, done, total, draws: Draws, acc: Accum, per_draw, n_div, elapsed, i, chunk0) -> None:
+    """One line per chunk (rank 0); ``draws`` on the host, ``[n, chains]``; with several
+    chains the step size is each chain's and the rest is over all of them."""
     info = draws.info
     warm = min(done, icfg.num_warmup)
     left = (total - done) * per_draw
-    log.info("chunk %d: draws %d/%d (warm-up %d/%d), step size %.3g, tree depth %.1f (max %d), accept %.2f, "
+    steps = np.atleast_1d(np.asarray(info.step_size)[-1])
+    log.info("chunk %d: draws %d/%d (warm-up %d/%d), step size %s, tree depth %.1f (max %d), accept %.2f, "
              "divergences after warm-up %d, gradient evaluations %d, %.2f s/draw, %s left", i, done, total, warm,
-             icfg.num_warmup, float(_host(info.step_size)[-1]), float(np.mean(_host(info.tree_depth))),
-             int(np.max(_host(info.tree_depth))), float(np.mean(_host(info.accept_prob))), n_div,
-             int(_host(acc.grads)), per_draw, _fmt_time(left))
+             icfg.num_warmup, " ".join(f"{x:.3g}" for x in steps), float(np.mean(info.tree_depth)),
+             int(np.max(info.tree_depth)), float(np.mean(info.accept_prob)), n_div,
+             int(np.sum(_host(acc.grads))), per_draw, _fmt_time(left))
 
 
 def _fmt_time(s: float) -> str:
@@ -621,7 +816,7 @@ def _fmt_time(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
-def _summary(run_dir: Path, icfg, post: Posterior, acc: Accum, seconds: float, init_desc, wall: float) -> dict:
+def _summary(run_dir: Path, icfg, post: Posterior, seconds: float, init_desc, wall: float) -> dict:
     c = read_chunks(run_dir)
     warm = c["draws"]["warmup"].astype(bool)
     st = c["stats"]

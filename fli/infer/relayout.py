@@ -69,12 +69,15 @@ def restore_on_new_layout(ckpt_dir, step: int, template: dict, meta: dict, post,
     old_pdims, old_size = tuple(meta["pdims"]), int(meta["layout_size"])
     mesh = lay.mesh
     n_dev = math.prod(lay.pdims)
-    old_sh = NamedSharding(mesh, FLAT_SPEC) if old_size % n_dev == 0 else NamedSharding(mesh, P())
     flat_t, treedef = jax.tree_util.tree_flatten_with_path(template)
 
+    def flat(leaf) -> bool:  # a flat-latent vector, with the chain axis first
+        return len(leaf.shape) == 2 and leaf.shape[-1] == lay.size
+
     def old_leaf(leaf):
-        if tuple(leaf.shape) == (lay.size,):
-            return jax.ShapeDtypeStruct((old_size,), leaf.dtype, sharding=old_sh)
+        if flat(leaf):
+            spec = P(None, *FLAT_SPEC) if old_size % n_dev == 0 else P()
+            return jax.ShapeDtypeStruct((leaf.shape[0], old_size), leaf.dtype, sharding=NamedSharding(mesh, spec))
         return leaf
 
     old_template = jax.tree_util.tree_unflatten(treedef, [old_leaf(leaf) for _, leaf in flat_t])
@@ -89,14 +92,15 @@ def restore_on_new_layout(ckpt_dir, step: int, template: dict, meta: dict, post,
             count = leaf
 
     def move(x, fill, c):
-        y = jnp.take(x, src_dev, axis=0)
-        value = {"one": jnp.ones((), x.dtype), "zero": jnp.zeros((), x.dtype),
-                 "count": (jnp.zeros((), x.dtype) if c is None else jnp.asarray(c, x.dtype))}[fill]
-        return jnp.where(new_mask, value, y)
+        y = jnp.take(x, src_dev, axis=1)
+        value = {"one": jnp.ones((x.shape[0], 1), x.dtype), "zero": jnp.zeros((x.shape[0], 1), x.dtype),
+                 "count": (jnp.zeros((x.shape[0], 1), x.dtype) if c is None
+                           else jnp.asarray(c, x.dtype).reshape(-1, 1))}[fill]
+        return jnp.where(new_mask[None, :], value, y)
 
     out = []
     for (p, leaf), (_, tleaf) in zip(flat_s, flat_t, strict=True):
-        if tuple(tleaf.shape) == (lay.size,):
+        if flat(tleaf):
             fill = _fill(jax.tree_util.keystr(p))
             leaf = jax.jit(move, static_argnums=1, out_shardings=tleaf.sharding)(leaf, fill, count)
         out.append(leaf)

@@ -3,12 +3,20 @@
 ``fli-nuts`` (:mod:`fli.infer.nuts`) drives a kernel through three calls and never looks
 inside its state:
 
-* ``init(z0, key, data) -> state``: the kernel's state at the flat latent ``z0``
-  (:mod:`fli.infer.layout`), warm-up included in the state;
-* ``step(state, data) -> (state, StepInfo)``: one transition, traceable (the chunk loop scans
-  it); :class:`StepInfo` holds the scalars every kernel reports;
+* ``init(z0, keys, data) -> state``: the states of ``C`` chains at the flat latents
+  ``z0 [C, size]`` (:mod:`fli.infer.layout`), one key each, warm-up included in the state;
+  every leaf has the chain axis first;
+* ``step(state, data) -> (state, StepInfo)``: one transition of ONE chain, traceable: the
+  chunk loop ``jax.vmap`` s it over the chains and scans it; :class:`StepInfo` holds the
+  scalars every kernel reports;
 * ``position(state)``: the current flat latent; ``state_template(...)``: the state's shapes,
   dtypes and shardings, the target a checkpoint is restored onto.
+
+Several chains in one run (``inference.chains_per_run``) are NumPyro's "vectorized" chain
+method: one program advances all of them, each with its own step size, mass matrix and key.
+A vmapped ``while_loop`` runs until the longest tree of the step is built, so a draw costs the
+deepest chain's trajectory; in return the forward model's small operations are batched
+(docs/benchmarks.md measures the trade).
 
 The state is a pytree of arrays, so the chunk loop checkpoints it with orbax as it is. The
 kernel here is NumPyro's (its functional ``hmc`` API: NUTS or HMC, dual-averaging step size
@@ -104,16 +112,19 @@ class NumpyroKernel:
         self._traced_init = False
 
     # -- the seam -------------------------------------------------------------------------
-    def init(self, z0, key, data: Data):
-        """The kernel state at ``z0`` (jitted; the state is placed with :meth:`shardings`)."""
-        fn = jax.jit(self._init_fn, out_shardings=self.shardings(jax.eval_shape(self._init_fn, z0, key, data)))
+    def init(self, z0, keys, data: Data):
+        """The states of the chains at ``z0 [C, size]`` with ``keys [C, 2]`` (jitted; placed
+        with :meth:`shardings`)."""
+        init = self._chains_init
+        fn = jax.jit(init, out_shardings=self.shardings(jax.eval_shape(init, z0, keys, data)))
         self._traced_init = True
-        return fn(z0, key, data)
+        return fn(z0, keys, data)
 
     def step(self, state, data: Data):
         """One transition; returns ``(state, StepInfo)`` (traceable)."""
         if not self._traced_init:  # NumPyro's sample_kernel reads what init_kernel set up
-            jax.eval_shape(self._init_fn, state.z, state.rng_key, data)
+            jax.eval_shape(self._init_fn, jax.ShapeDtypeStruct(state.z.shape, state.z.dtype),
+                           jax.ShapeDtypeStruct(state.rng_key.shape, state.rng_key.dtype), data)
             self._traced_init = True
         new = self._sample_kernel(state, model_args=(data,))
         new = jax.lax.with_sharding_constraint(new, self.shardings(new))
@@ -131,22 +142,33 @@ class NumpyroKernel:
         """Transitions done (warm-up included)."""
         return state.i
 
-    def state_template(self, z0, key, data: Data):
-        """``ShapeDtypeStruct`` s with shardings: the target to restore a checkpoint onto."""
-        shapes = jax.eval_shape(self._init_fn, z0, key, data)
+    def state_template(self, z0, keys, data: Data):
+        """``ShapeDtypeStruct`` s with shardings (``z0 [C, size]``, ``keys [C, 2]``): the
+        target to restore a checkpoint onto."""
+        shapes = jax.eval_shape(self._chains_init, z0, keys, data)
         self._traced_init = True
         shard = self.shardings(shapes)
         return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) if hasattr(s, "shape")
                             else s, shapes, shard)
 
     def shardings(self, tree):
-        """Every flat-latent-sized vector sharded like the latent, everything else replicated."""
+        """Every flat-latent-sized vector sharded like the latent (a leading chain axis, where
+        there is one, unsharded), everything else replicated."""
         mesh, size = self.layout.mesh, self.layout.size
-        flat, rep = NamedSharding(mesh, FLAT_SPEC), NamedSharding(mesh, P())
-        # np.shape: HMC's state holds Python scalars (its fixed trajectory) beside the arrays
-        return jax.tree.map(lambda x: flat if tuple(np.shape(x)) == (size,) else rep, tree)
+        rep = NamedSharding(mesh, P())
+
+        def one(x):
+            shape = tuple(np.shape(x))  # np.shape: HMC's state holds Python scalars beside the arrays
+            if shape and shape[-1] == size and len(shape) <= 2:
+                return NamedSharding(mesh, P(*([None] * (len(shape) - 1)), *FLAT_SPEC))
+            return rep
+
+        return jax.tree.map(one, tree)
 
     # -- internals ------------------------------------------------------------------------
+    def _chains_init(self, z0, keys, data):
+        return jax.vmap(self._init_fn, in_axes=(0, 0, None))(z0, keys, data)
+
     def _init_fn(self, z0, key, data):
         lay = self.layout
         imm = jax.lax.with_sharding_constraint(jnp.ones((lay.size,), z0.dtype), lay.sharding)
