@@ -340,7 +340,7 @@ class Config:
     mock: Optional[str] = None  # path of a fli-mock run directory (for fli-map / fli-nuts)
     runs: Optional[list[str]] = None  # fli-diagnose: fli-nuts run directories
     sweep: Optional[str] = None  # fli-diagnose: a fli-nuts multirun directory (each job subdirectory a run)
-    init: Optional[str] = None  # fli-nuts start: null/"prior", "truth" (a mock's), a point file (.json/.npz), a fli-map run dir
+    init: Optional[str] = None  # fli-nuts start: null/"prior", "truth", a point (.json/.npz), a fli-map run dir
     progress: bool = True
     compilation_cache: Optional[str] = "~/.cache/fli/jax"  # JAX's persistent compilation cache; null: off
     name: str = MISSING  # experiment name, set by the experiment file or config.yaml
