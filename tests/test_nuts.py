@@ -158,8 +158,10 @@ def test_init_from_a_map_of_another_mock_is_refused(small_mock, tmp_path, capsys
     assert "not 'prior', 'truth', a point file (.json or .npz) or a fli-map run directory" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # ~3 min on 2 quiet cores (a vmapped program compiled, a run and its extension); the
-# one-chain machinery it builds on stays in the default set (the tests above)
+# slow: most of the 201 s that this test and the 5 point tests below added to the fresh-clone
+# default suite (a vmapped program compiled, a run and its extension); the one-chain machinery
+# it builds on stays in the default set (the tests above)
+@pytest.mark.slow
 def test_vectorised_chains_are_each_the_chain_of_their_own_key(small_mock, chain, tmp_path):
     """inference.chains_per_run=2: chain 0 is the one-chain run of the same seed (the same
     keys), chain 1 another chain. The vmapped and the unbatched programs differ at float32
