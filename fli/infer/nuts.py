@@ -31,6 +31,7 @@ or written twice. On the same layout the resumed chain is the uninterrupted one,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -547,10 +548,16 @@ def write_inference_data(run_dir: Path, post: Posterior, obs, attrs: dict) -> Pa
     """``posterior.nc`` from the complete chunks (process 0; replaced atomically)."""
     if jax.process_index() != 0:
         return None
+    with _quiet_arviz():
+        return _write_inference_data(run_dir, post, obs, attrs)
+
+
+@contextlib.contextmanager
+def _quiet_arviz():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ArviZ's refactor notice and its automatic-dims notes
         logging.getLogger("arviz").setLevel(logging.WARNING)  # "arviz_base not installed" chatter
-        return _write_inference_data(run_dir, post, obs, attrs)
+        yield
 
 
 def _write_inference_data(run_dir: Path, post: Posterior, obs, attrs: dict) -> Path | None:
@@ -747,9 +754,7 @@ def write_combined_inference_data(run_dir: Path, chain_dirs: list[Path]) -> Path
     (process 0; replaced atomically)."""
     if jax.process_index() != 0:
         return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        logging.getLogger("arviz").setLevel(logging.WARNING)
+    with _quiet_arviz():
         import arviz as az  # noqa: PLC0415
         import xarray as xr  # noqa: PLC0415
 
