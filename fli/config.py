@@ -235,7 +235,8 @@ INIT_REDRAWS = ("wiener", "none")
 # fli-nuts's keys, which fli-map ignores (a MAP run may resume with them changed)
 SAMPLER_KEYS = tuple(f"inference.{k}" for k in ("kernel", "num_warmup", "num_samples", "max_tree_depth", "num_steps",
                                                 "step_size", "target_accept", "chunk", "field_thin", "init_redraw",
-                                                "chains_per_run"))
+                                                "chains_per_run", "sampler"))
+SAMPLERS = ("sharded", "numpyro")
 
 
 @dataclass
@@ -254,6 +255,7 @@ class InferenceConfig:
     field_thin: int = 50  # every field_thin-th draw's white noise and kappa to zarr; divides chunk
     init_redraw: str = "wiener"  # init=<map dir>: redraw the modes the data leave free ("wiener" | "none")
     chains_per_run: int = 1  # chains vectorised in one run (one program, jax.vmap); a sweep adds runs
+    sampler: str = "sharded"  # latent layout: "sharded" (flat, every device its block) | "numpyro" (NumPyro's own)
 
     def __post_init__(self) -> None:
         for k in ("num_samples", "max_tree_depth", "num_steps", "chunk", "field_thin"):
@@ -267,6 +269,7 @@ class InferenceConfig:
                f"a divisor of inference.chunk = {self.chunk}", self.field_thin)
         _check(self.init_redraw in INIT_REDRAWS, "inference.init_redraw", "'wiener' or 'none'", self.init_redraw)
         _check(self.chains_per_run >= 1, "inference.chains_per_run", ">= 1", self.chains_per_run)
+        _check(self.sampler in SAMPLERS, "inference.sampler", "'sharded' or 'numpyro'", self.sampler)
 
 
 @dataclass

@@ -69,6 +69,24 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
+def field_leaf_shardings(tree, mesh: Mesh, shape: Sequence[int]):
+    """Shardings for a pytree of arrays (or shapes): every leaf whose trailing dimensions are the
+    field ``shape`` sharded like the field (leading axes, such as L-BFGS's memory or a chain
+    axis, unsharded), everything else replicated. For states built from the field (an
+    optimiser's moments, a sampler's state), which would otherwise land on one device."""
+    import numpy as np  # noqa: PLC0415
+
+    shape, rep = tuple(shape), NamedSharding(mesh, P())
+
+    def one(x):
+        sh = tuple(np.shape(x))
+        if len(sh) >= 3 and sh[-3:] == shape:
+            return NamedSharding(mesh, P(*([None] * (len(sh) - 3)), *FIELD_SPEC))
+        return rep
+
+    return jax.tree.map(one, tree)
+
+
 def mesh_pdims(mesh: Mesh) -> tuple[int, int]:
     return int(mesh.shape["x"]), int(mesh.shape["y"])
 

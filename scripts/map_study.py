@@ -115,14 +115,14 @@ class Setup:
     # -- MAP ------------------------------------------------------------------------------
     def step(self, mcfg, data, theta_fixed=None, tag="joint"):
         """The compiled step for ``(tag, optimizer)`` (compiled once, on the first data)."""
-        from fli.infer.optimize import make_step
+        from fli.infer.optimize import init_state, make_step
 
         key = (tag, mcfg.optimizer, mcfg.steps if mcfg.optimizer == "adam" else 0)
         if key not in self._steps:
             t0 = time.perf_counter()
             fn, opt = make_step(self.post, mcfg, theta_fixed)
             init = self.init(theta_fixed)
-            compiled = fn.lower(init, opt.init(init), data, jnp.asarray(0.0, self.dt)).compile()
+            compiled = fn.lower(init, init_state(opt, init, self.post), data, jnp.asarray(0.0, self.dt)).compile()
             self._steps[key] = (compiled, opt, time.perf_counter() - t0)
             log(f"compiled step {key} in {time.perf_counter() - t0:.0f} s")
         return self._steps[key]
@@ -135,11 +135,11 @@ class Setup:
 
     def fit(self, mcfg, data, theta_fixed=None, tag="joint", exact_every_step=False):
         """Run the MAP from the prior's mode; returns (latents, history rows, exact losses, seconds)."""
-        from fli.infer.optimize import MapRun, run_map
+        from fli.infer.optimize import MapRun, init_state, run_map
 
         compiled, opt, _ = self.step(mcfg, data, theta_fixed, tag)
         init = self.init(theta_fixed)
-        run = MapRun(init, opt.init(init), 0, [], jax.random.key(0))
+        run = MapRun(init, init_state(opt, init, self.post), 0, [], jax.random.key(0))
         exact = []
 
         def report(r, info, dt):

@@ -60,7 +60,7 @@ def test_linear_forward_map_is_cg_posterior_mean():
     --linear-cg, L-BFGS converged in 110 steps against 63 CG iterations)."""
     from fli.infer.laplace import cg
     from fli.infer.model import Latents
-    from fli.infer.optimize import MapRun, make_step, run_map
+    from fli.infer.optimize import MapRun, init_state, make_step, run_map
 
     cfg, post, data, _, _ = _setup([*SMALL, "simulation.forward=linear"], seed=3, sigma=[2e-3, 2e-3])
     theta = jnp.asarray(post.theta_of(TRUTH), post.fwd.grid.jdtype)
@@ -79,7 +79,7 @@ def test_linear_forward_map_is_cg_posterior_mean():
                                patience=5)
     step, opt = make_step(post, mcfg, theta_fixed=theta)
     init = Latents(theta, zero)
-    run = run_map(post, data, mcfg, MapRun(init, opt.init(init), 0, [], jax.random.key(0)), step, opt,
+    run = run_map(post, data, mcfg, MapRun(init, init_state(opt, init, post), 0, [], jax.random.key(0)), step, opt,
                   pixel_arcmin=post.fwd.geometry.pixel_size_arcmin)
     a, b = np.asarray(run.params.s, np.float64), np.asarray(s_cg, np.float64)
     rel = np.linalg.norm(a - b) / np.linalg.norm(b)
@@ -103,7 +103,7 @@ def test_pm_map_kappa_follows_wiener():
     bin (measured 0.86, 0.95, 0.98, 0.99)."""
     from fli.infer.metrics import map_metrics
     from fli.infer.model import Latents
-    from fli.infer.optimize import MapRun, make_step, run_map
+    from fli.infer.optimize import MapRun, init_state, make_step, run_map
     from fli.limber import map_power_spectrum
 
     rs, ss, sig = [], [], None
@@ -114,7 +114,7 @@ def test_pm_map_kappa_follows_wiener():
             mcfg = dataclasses.replace(cfg.inference.map, steps=80)
             step, opt = make_step(post, mcfg)
         init = post.zeros()
-        run = run_map(post, data, mcfg, MapRun(init, opt.init(init), 0, [], jax.random.key(0)), step, opt,
+        run = run_map(post, data, mcfg, MapRun(init, init_state(opt, init, post), 0, [], jax.random.key(0)), step, opt,
                       pixel_arcmin=post.fwd.geometry.pixel_size_arcmin)
         kap = jax.jit(lambda l: post.predict(l)[0])(Latents(run.params.theta, run.params.s))
         mm = map_metrics(kap, kt, cfg.lensing.fov_deg)

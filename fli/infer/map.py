@@ -34,7 +34,7 @@ import yaml
 from fli.config import DIAGNOSE_KEYS, SAMPLER_KEYS, Config, ConfigError
 from fli.infer import checkpoint as ckpt
 from fli.infer.model import Data, Latents, Posterior, build_posterior, make_data
-from fli.infer.optimize import MapRun, converged, history_array, make_step, run_map
+from fli.infer.optimize import MapRun, converged, history_array, init_state, make_step, run_map
 
 MAP_JSON = "map.json"
 FIELD_NAME = "map_field.zarr"
@@ -113,7 +113,7 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
     init = post.zeros()
     if theta_fixed is not None:
         init = Latents(jnp.asarray(theta_fixed, init.theta.dtype), init.s)
-    run = MapRun(init, opt.init(init), 0, [], jax.random.key(cfg.seed))
+    run = MapRun(init, init_state(opt, init, post), 0, [], jax.random.key(cfg.seed))
     if last is not None:
         state, meta = ckpt.restore_checkpoint(ckpt_dir, last, _state(run))
         run = MapRun(state["params"], state["opt_state"], int(meta["step"]), list(meta["history"]),

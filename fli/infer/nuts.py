@@ -50,7 +50,7 @@ from fli.config import DIAGNOSE_KEYS, Config, ConfigError
 from fli.infer import checkpoint as ckpt
 from fli.infer.map import _write_text
 from fli.infer.model import Latents, Posterior
-from fli.infer.sampler import NumpyroKernel, StepInfo
+from fli.infer.sampler import NumpyroKernel, StepInfo, make_kernel
 from fli.io import _barrier
 
 CHUNKS = "chunks"
@@ -322,11 +322,11 @@ def make_chunk(kernel: NumpyroKernel, post: Posterior, n: int, thin: int, num_wa
     from fli.lpt import linear_modes  # noqa: PLC0415
     from fli.power import binned_spectra  # noqa: PLC0415
 
-    grid, lay = post.fwd.grid, post.layout
+    grid = post.fwd.grid
 
     def one_chain(state, acc, data):
         state, info = kernel.step(state, data)
-        theta, s = lay.unpack(kernel.position(state))
+        theta, s = kernel.latents(state)
         kappa, _ = post.predict(Latents(theta, s))
         w = (kernel.iteration(state) > num_warmup).astype(jnp.int32)
         acc = _welford(acc, s, kappa, w)
@@ -605,7 +605,8 @@ def _write_inference_data(run_dir: Path, post: Posterior, obs, attrs: dict) -> P
 
 def _kernel(cfg: Config, post: Posterior) -> NumpyroKernel:
     i = cfg.inference
-    return NumpyroKernel(post, i.kernel, i.num_warmup, i.target_accept, i.max_tree_depth, i.num_steps, i.step_size)
+    return make_kernel(post, i.sampler, kernel=i.kernel, num_warmup=i.num_warmup, target_accept=i.target_accept,
+                       max_tree_depth=i.max_tree_depth, num_steps=i.num_steps, step_size=i.step_size)
 
 
 def _state(kstate, acc: Accum) -> dict:
@@ -656,7 +657,7 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
     else:
         z0 = jax.ShapeDtypeStruct((n_chains, lay.size), grid.jdtype, sharding=zsh)
         template = _state(kernel.state_template(z0, k_kernels, data), zero_accum(post, n_chains))
-        if list(meta["pdims"]) != list(grid.pdims):
+        if list(meta["pdims"]) != list(grid.pdims) and kernel.layout_dependent:
             from fli.infer.relayout import restore_on_new_layout  # noqa: PLC0415
 
             state = restore_on_new_layout(ckpt_dir, last, template, meta, post, kernel)
@@ -686,8 +687,9 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
              init_desc.get("init") if isinstance(init_desc, dict) else init_desc)
     observed = kappa_summary(obs)  # a collective where the map is sharded over processes
     attrs = {"config": yaml.safe_dump(resolved, sort_keys=False), "pdims": list(grid.pdims),
-             "layout": "flat P(('x','y')), per-device [field block | tail]", "kernel": icfg.kernel,
-             "energy_offset": post.energy_offset + 0.5 * lay.size, "init": init_desc}
+             "layout": ("flat P(('x','y')), per-device [field block | tail]" if icfg.sampler == "sharded"
+                        else "NumPyro's ravel of (theta, field)"), "kernel": icfg.kernel, "sampler": icfg.sampler,
+             "energy_offset": post.energy_offset + 0.5 * kernel.dim, "init": init_desc}
     i = chunk0
     t_start = time.perf_counter()
     n_div_post = sum(_count_post_divergences(d) for d in chain_dirs)
@@ -826,7 +828,8 @@ def _summary(run_dir: Path, icfg, post: Posterior, seconds: float, init_desc, wa
     warm = c["draws"]["warmup"].astype(bool)
     st = c["stats"]
     return {
-        "kernel": icfg.kernel, "draws": int(warm.size), "draws_post_warmup": int((~warm).sum()),
+        "kernel": icfg.kernel, "sampler": icfg.sampler, "draws": int(warm.size),
+        "draws_post_warmup": int((~warm).sum()),
         "num_warmup": icfg.num_warmup, "chunks": len(complete_chunks(run_dir)),
         "divergences_post_warmup": int(st["diverging"][~warm].sum()),
         "gradient_evals": int(st["gradient_evals"][-1]), "seconds_sampling": seconds, "seconds_this_run": wall,

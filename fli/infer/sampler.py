@@ -9,7 +9,7 @@ inside its state:
 * ``step(state, data) -> (state, StepInfo)``: one transition of ONE chain, traceable: the
   chunk loop ``jax.vmap`` s it over the chains and scans it; :class:`StepInfo` holds the
   scalars every kernel reports;
-* ``position(state)``: the current flat latent; ``state_template(...)``: the state's shapes,
+* ``latents(state)``: one chain's ``(theta, s)``; ``state_template(...)``: the state's shapes,
   dtypes and shardings, the target a checkpoint is restored onto.
 
 Several chains in one run (``inference.chains_per_run``) are NumPyro's "vectorized" chain
@@ -45,6 +45,7 @@ from fli.infer.layout import FLAT_SPEC
 from fli.infer.model import Data, Posterior
 
 KERNELS = ("nuts", "hmc")
+SAMPLERS = ("sharded", "numpyro")
 
 
 class StepInfo(NamedTuple):
@@ -66,21 +67,36 @@ def tree_depth(num_steps):
     return jnp.ceil(jnp.log2(n + 1.0) - 1e-6).astype(jnp.int32)
 
 
-def kinetic_energy(layout, precise: bool = True):
-    """NumPyro ``kinetic_fn`` of a diagonal mass matrix on the flat layout: ``0.5 r M^-1 r``,
-    minus ``D/2`` and summed in float64 when ``precise`` (see the module docstring)."""
+def kinetic_energy(size: int, precise: bool = True, pytree: bool = False):
+    """NumPyro ``kinetic_fn`` of a diagonal mass matrix on ``size`` latents: ``0.5 r M^-1 r``,
+    minus ``size/2`` and summed in float64 when ``precise`` (see the module docstring).
+    ``pytree``: the momentum is a pytree, raveled first (NumPyro's own layout)."""
+    from jax.flatten_util import ravel_pytree  # noqa: PLC0415
 
     def kinetic(inverse_mass_matrix, r):
+        if pytree:
+            r, _ = ravel_pytree(r)
         if not precise:
             return 0.5 * jnp.sum(inverse_mass_matrix * r * r)
-        return offset_sum(0.5 * inverse_mass_matrix * r * r, 0.5 * layout.size)
+        return offset_sum(0.5 * inverse_mass_matrix * r * r, 0.5 * size)
 
-    kinetic._kinetic_grad = lambda inverse_mass_matrix, r: inverse_mass_matrix * r  # diagonal mass
+    def grad(inverse_mass_matrix, r):  # diagonal mass: M^-1 r
+        if not pytree:
+            return inverse_mass_matrix * r
+        flat, unravel = ravel_pytree(r)
+        return unravel(inverse_mass_matrix * flat)
+
+    kinetic._kinetic_grad = grad
     return kinetic
 
 
 class NumpyroKernel:
-    """NumPyro's NUTS or HMC on :meth:`Posterior.potential_flat` (precise energies).
+    """NumPyro's NUTS or HMC on :meth:`Posterior.potential_flat` (precise energies): the
+    ``sharded`` sampler. Its latent is the flat layout, one vector whose every device slice is
+    that device's field block and a tail, so every state vector NumPyro builds from it (momentum,
+    gradient, mass matrix, Welford moments, the tree's states and momentum sums) is sharded the
+    same way and its inner products are local sums and one all-reduce of a scalar
+    (tests/test_sampler.py reads the compiled step).
 
     Args:
         post: the posterior; its flat layout is the latent.
@@ -101,13 +117,9 @@ class NumpyroKernel:
         self.post, self.kernel, self.num_warmup = post, kernel, int(num_warmup)
         self.target_accept, self.max_tree_depth = float(target_accept), int(max_tree_depth)
         self.num_steps, self.step_size = int(num_steps), float(step_size)
-        lay = post.layout
-        self.layout = lay
-
-        def potential_gen(data):
-            return lambda z: post.potential_flat(z, data, precise=True)
-
-        self._init_kernel, self._sample_kernel = hmc(potential_fn_gen=potential_gen, kinetic_fn=kinetic_energy(lay),
+        self.layout = post.layout
+        self._init_kernel, self._sample_kernel = hmc(potential_fn_gen=self._potential_gen,
+                                                     kinetic_fn=kinetic_energy(self.dim, pytree=self.pytree),
                                                      algo="NUTS" if kernel == "nuts" else "HMC")
         self._traced_init = False
 
@@ -133,9 +145,27 @@ class NumpyroKernel:
                         new.mean_accept_prob, new.adapt_state.step_size)
         return new, info
 
-    @staticmethod
-    def position(state):
-        return state.z
+    # what differs between the layouts
+    pytree = False  # the latent NumPyro sees is one flat vector
+    layout_dependent = True  # its order depends on pdims: a checkpoint is reordered on another layout
+
+    @property
+    def dim(self) -> int:
+        """Length of the latent NumPyro sees (the kinetic energy's offset is half of it)."""
+        return self.layout.size
+
+    def _potential_gen(self, data):
+        return lambda z: self.post.potential_flat(z, data, precise=True)
+
+    def _latent(self, flat):
+        return flat
+
+    def _unit_mass(self, dtype):
+        return jax.lax.with_sharding_constraint(jnp.ones((self.layout.size,), dtype), self.layout.sharding)
+
+    def latents(self, state):
+        """``(theta, s)`` of one chain's state (traceable)."""
+        return self.layout.unpack(state.z)
 
     @staticmethod
     def iteration(state):
@@ -170,9 +200,54 @@ class NumpyroKernel:
         return jax.vmap(self._init_fn, in_axes=(0, 0, None))(z0, keys, data)
 
     def _init_fn(self, z0, key, data):
-        lay = self.layout
-        imm = jax.lax.with_sharding_constraint(jnp.ones((lay.size,), z0.dtype), lay.sharding)
+        imm = self._unit_mass(z0.dtype)
         kw = dict(num_steps=self.num_steps) if self.kernel == "hmc" else dict(max_tree_depth=self.max_tree_depth)
-        return self._init_kernel(z0, self.num_warmup, step_size=self.step_size, inverse_mass_matrix=imm,
+        return self._init_kernel(self._latent(z0), self.num_warmup, step_size=self.step_size, inverse_mass_matrix=imm,
                                  adapt_step_size=True, adapt_mass_matrix=True, dense_mass=False,
                                  target_accept_prob=self.target_accept, model_args=(data,), rng_key=key, **kw)
+
+
+class StockKernel(NumpyroKernel):
+    """NumPyro's NUTS or HMC on NumPyro's own flattening of the latents: the ``numpyro``
+    sampler, kept to measure the sharded one against (docs/benchmarks.md).
+
+    The latent is the pytree ``Latents(theta, s)``; NumPyro ravels it wherever it needs one
+    vector (mass matrix, kinetic energy, U-turn test, the tree's momentum checkpoints), and
+    that ravel concatenates the replicated scalars with the sharded field: the field is
+    gathered inside every leapfrog step. Same potential, same precise energies, same schedule.
+    """
+
+    pytree = True
+    layout_dependent = False  # a global pytree and vectors in ravel order: any layout reads them
+
+    @property
+    def dim(self) -> int:
+        return self.post.dim
+
+    def _potential_gen(self, data):
+        return lambda lat: self.post.potential(lat, data, precise=True)
+
+    def _latent(self, flat):
+        from fli.infer.model import Latents  # noqa: PLC0415
+
+        return Latents(*self.layout.unpack(flat))
+
+    def _unit_mass(self, dtype):
+        return jnp.ones((self.post.dim,), dtype)
+
+    def latents(self, state):
+        return state.z.theta, state.z.s
+
+    def shardings(self, tree):
+        """Field-shaped leaves (a leading chain axis unsharded) sharded like the field;
+        everything else replicated."""
+        from fli.sharding import field_leaf_shardings  # noqa: PLC0415
+
+        return field_leaf_shardings(tree, self.layout.mesh, self.layout.shape)
+
+
+def make_kernel(post: Posterior, sampler: str = "sharded", **kw) -> NumpyroKernel:
+    """The kernel of ``inference.sampler``: ``sharded`` or ``numpyro``."""
+    if sampler not in SAMPLERS:
+        raise ValueError(f"inference.sampler must be one of {SAMPLERS}, got {sampler!r}")
+    return (NumpyroKernel if sampler == "sharded" else StockKernel)(post, **kw)

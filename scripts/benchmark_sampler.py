@@ -1,0 +1,206 @@
+#!/usr/bin/env python
+"""The sharded sampler against NumPyro's own latent layout: memory, collectives, overhead.
+
+``memory``: compiles (does not run) one NUTS transition of the posterior, as fli-nuts builds
+it, for each sampler (``inference.sampler=sharded|numpyro``) on each device layout, and reads
+XLA's memory analysis per device (arguments, outputs, temporaries) and the compiled HLO's
+collectives with a field-sized operand. The posterior gradient alone is compiled beside it: its
+collectives are the forward model's own, and its memory the floor. Each (sampler, layout) runs
+in its own process on 8 virtual CPU devices (the mesh takes the first px * py).
+
+    python scripts/benchmark_sampler.py memory --overrides experiment=cube \\
+        --pdims 1x1,1x2,2x2,2x4 --depth 6 --json docs/bench/sampler_memory.json
+
+``overhead``: runs NUTS draws of the sharded kernel and times them against the posterior
+gradient, side by side in interleaved rounds: the ratio is the seconds of the draws over
+(their leapfrog steps x the seconds of one value-and-gradient). 1 means the sampler's own
+work costs nothing beside the simulation.
+
+    python scripts/benchmark_sampler.py overhead --mock /tmp/mock_tiny --overrides experiment=tiny \\
+        --draws 4 --depth 4 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _collectives(hlo: str, field: int) -> dict:
+    import re  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
+    out: dict[str, int] = {}
+    for line in hlo.splitlines():
+        m = re.search(r"=\s*(.*?)\s+(all-gather|all-reduce|all-to-all)(-start)?\(", line)
+        if m:
+            shapes = re.findall(r"[a-z]+[0-9]*\[([0-9,]*)\]", m.group(1))
+            n = max(int(np.prod([int(d) for d in s.split(",") if d] or [1])) for s in shapes)
+            if n >= field // 8:  # a field-sized operand: at least one block of 8 devices
+                out[m.group(2)] = out.get(m.group(2), 0) + 1
+    return out
+
+
+def _mem(compiled, field_bytes: float) -> dict:
+    m = compiled.memory_analysis()
+    d = {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
+         "temporaries": m.temp_size_in_bytes}
+    d["total"] = sum(d.values())
+    d["total_over_field"] = d["total"] / field_bytes
+    return d
+
+
+def memory_one(overrides: list[str], pdims: tuple[int, int], sampler: str, depth: int) -> dict:
+    """One (sampler, layout): compiled memory and field-sized collectives of one transition."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.infer.model import build_posterior, make_data  # noqa: PLC0415
+    from fli.infer.sampler import make_kernel  # noqa: PLC0415
+    from fli.sharding import make_mesh  # noqa: PLC0415
+
+    cfg, _ = compose([*overrides, f"distributed.pdims=[{pdims[0]},{pdims[1]}]"])
+    post = build_posterior(cfg, mesh=make_mesh(pdims))
+    grid, lay = post.fwd.grid, post.layout
+    n_bins, npix, _ = post.fwd.map_shape
+    obs = SimpleNamespace(kappa_obs=np.zeros((n_bins, npix, npix), grid.dtype), noise_sigma=np.full(n_bins, 3e-3),
+                          mask=None)
+    data = make_data(obs, post.fwd)
+    kernel = make_kernel(post, sampler, kernel="nuts", num_warmup=100, max_tree_depth=depth)
+    z0 = jax.ShapeDtypeStruct((1, lay.size), grid.jdtype,
+                              sharding=jax.NamedSharding(grid.mesh, jax.P(None, *lay.sharding.spec)))
+    keys = jax.ShapeDtypeStruct((1, 2), jnp.uint32, sharding=jax.NamedSharding(grid.mesh, jax.P()))
+    state = kernel.state_template(z0, keys, data)
+    step = jax.jit(lambda s, d: jax.vmap(kernel.step, in_axes=(0, None))(s, d))
+    field, fbytes = grid.n_cells, grid.n_cells * np.dtype(grid.dtype).itemsize
+    t = time.perf_counter()
+    comp = step.lower(state, data).compile()
+    t_step = time.perf_counter() - t
+    grad = jax.jit(jax.value_and_grad(lambda z, d: post.potential_flat(z, d, precise=True)))
+    gcomp = grad.lower(jax.ShapeDtypeStruct((lay.size,), grid.jdtype, sharding=lay.sharding), data).compile()
+    return {"sampler": sampler, "pdims": list(pdims), "devices": pdims[0] * pdims[1], "shape": list(grid.shape),
+            "halo": cfg.simulation.halo, "max_tree_depth": depth, "field_bytes": fbytes,
+            "step": _mem(comp, fbytes), "gradient": _mem(gcomp, fbytes),
+            "step_collectives_field_sized": _collectives(comp.as_text(), field),
+            "gradient_collectives_field_sized": _collectives(gcomp.as_text(), field), "compile_s": t_step}
+
+
+def memory(args) -> dict:
+    rows = []
+    for pd in args.pdims.split(","):
+        for sampler in args.samplers.split(","):
+            cmd = [sys.executable, __file__, "_memory_one", "--pdims", pd, "--samplers", sampler,
+                   "--depth", str(args.depth), "--overrides", *args.overrides]
+            env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+            t = time.perf_counter()
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if r.returncode:
+                sys.exit(f"{sampler} on {pd}: failed\n{r.stderr[-3000:]}")
+            row = json.loads(r.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            print(f"{sampler:8s} {pd:5s} step total/field {row['step']['total_over_field']:7.2f} (args "
+                  f"{row['step']['arguments'] / row['field_bytes']:.2f}, "
+                  f"temps {row['step']['temporaries'] / row['field_bytes']:.2f})"
+                  f"  gradient {row['gradient']['total_over_field']:7.2f}  field-sized collectives: step "
+                  f"{row['step_collectives_field_sized']} gradient {row['gradient_collectives_field_sized']}"
+                  f"  [{time.perf_counter() - t:.0f} s]", flush=True)
+    for sampler in args.samplers.split(","):
+        mine = [r for r in rows if r["sampler"] == sampler]
+        one = next((r for r in mine if r["devices"] == 1), None)
+        for r in mine:
+            r["step_total_vs_one_device"] = r["step"]["total"] / one["step"]["total"] if one else None
+    return {"overrides": args.overrides, "rows": rows}
+
+
+def overhead(args) -> dict:
+    import logging  # noqa: PLC0415
+
+    import jax  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.infer.map import prepare  # noqa: PLC0415
+    from fli.infer.nuts import _kernel, chain_keys, initial_point  # noqa: PLC0415
+
+    log = logging.getLogger("bench")
+    cfg, _ = compose([*args.overrides, f"mock={args.mock}", f"inference.max_tree_depth={args.depth}",
+                      "inference.num_warmup=0", "inference.step_size=0.05"])
+    obs, post, data = prepare(cfg, log, compare_truth=False)
+    kernel = _kernel(cfg, post)
+    k_inits, k_kernels = chain_keys(cfg.seed, 1)
+    z, _ = initial_point(cfg, post, obs, k_inits[0], log)
+    state = kernel.init(z[None], k_kernels, data)
+
+    def draws(state):
+        def body(s, _):
+            s, info = jax.vmap(kernel.step, in_axes=(0, None))(s, data)
+            return s, info.num_steps
+        return jax.lax.scan(body, state, None, length=args.draws)
+
+    run = jax.jit(draws).lower(state).compile()
+    grad = jax.jit(jax.value_and_grad(lambda z, d: post.potential_flat(z, d, precise=True))).lower(z, data).compile()
+    jax.block_until_ready(run(state))
+    jax.block_until_ready(grad(z, data))
+    ratios, t_draws, t_grads, steps_all = [], [], [], []
+    for _ in range(args.rounds):
+        t = time.perf_counter()
+        state, steps = run(state)
+        jax.block_until_ready(state)
+        td = time.perf_counter() - t
+        t = time.perf_counter()
+        for _ in range(args.grads):
+            jax.block_until_ready(grad(z, data))
+        tg = (time.perf_counter() - t) / args.grads
+        n = int(np.asarray(steps).sum())
+        ratios.append(td / (n * tg))
+        t_draws.append(td / args.draws)
+        t_grads.append(tg)
+        steps_all.append(n)
+        print(f"  round: {args.draws} draws {td:.2f} s, {n} leapfrog steps, gradient {tg * 1e3:.1f} ms -> ratio "
+              f"{ratios[-1]:.3f}", flush=True)
+    return {"overrides": args.overrides, "sampler": cfg.inference.sampler, "shape": list(post.fwd.grid.shape),
+            "pdims": list(post.fwd.grid.pdims), "max_tree_depth": args.depth, "draws_per_round": args.draws,
+            "leapfrog_steps": steps_all, "seconds_per_draw": t_draws, "seconds_per_gradient": t_grads,
+            "ratio": ratios, "ratio_median": statistics.median(ratios)}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("mode", choices=["memory", "overhead", "_memory_one"])
+    ap.add_argument("--overrides", nargs="*", default=[])
+    ap.add_argument("--pdims", default="1x1,1x2,2x2,2x4")
+    ap.add_argument("--samplers", default="sharded,numpyro")
+    ap.add_argument("--depth", type=int, default=6)
+    ap.add_argument("--mock")
+    ap.add_argument("--draws", type=int, default=4)
+    ap.add_argument("--grads", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    if args.mode == "_memory_one":
+        pd = tuple(int(x) for x in args.pdims.split("x"))
+        print(json.dumps(memory_one(args.overrides, pd, args.samplers, args.depth)))
+        return
+    out = memory(args) if args.mode == "memory" else overhead(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    elif args.mode == "overhead":
+        print(json.dumps({k: out[k] for k in ("ratio", "ratio_median", "seconds_per_draw")}))
+
+
+if __name__ == "__main__":
+    main()
