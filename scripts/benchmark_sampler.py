@@ -145,9 +145,15 @@ def overhead(args) -> dict:
     z, _ = initial_point(cfg, post, obs, k_inits[0], log)
     state = kernel.init(z[None], k_kernels, data)
 
+    if args.no_vmap:  # one chain stepped as it is, not through jax.vmap over a chain axis of 1
+        state = jax.tree.map(lambda x: x[0], state)
+
     def draws(state):
         def body(s, _):
-            s, info = jax.vmap(kernel.step, in_axes=(0, None))(s, data)
+            if args.no_vmap:
+                s, info = kernel.step(s, data)
+            else:
+                s, info = jax.vmap(kernel.step, in_axes=(0, None))(s, data)
             return s, info.num_steps
         return jax.lax.scan(body, state, None, length=args.draws)
 
@@ -156,15 +162,19 @@ def overhead(args) -> dict:
     jax.block_until_ready(run(state))
     jax.block_until_ready(grad(z, data))
     ratios, t_draws, t_grads, steps_all = [], [], [], []
-    for _ in range(args.rounds):
+    def grads():
+        t = time.perf_counter()
+        for _ in range(args.grads):
+            jax.block_until_ready(grad(z, data))
+        return time.perf_counter() - t
+
+    for _ in range(args.rounds):  # gradients timed on both sides of the draws: the load drifts
+        tg = grads()
         t = time.perf_counter()
         state, steps = run(state)
         jax.block_until_ready(state)
         td = time.perf_counter() - t
-        t = time.perf_counter()
-        for _ in range(args.grads):
-            jax.block_until_ready(grad(z, data))
-        tg = (time.perf_counter() - t) / args.grads
+        tg = (tg + grads()) / (2 * args.grads)
         n = int(np.asarray(steps).sum())
         ratios.append(td / (n * tg))
         t_draws.append(td / args.draws)
@@ -173,7 +183,7 @@ def overhead(args) -> dict:
         print(f"  round: {args.draws} draws {td:.2f} s, {n} leapfrog steps, gradient {tg * 1e3:.1f} ms -> ratio "
               f"{ratios[-1]:.3f}", flush=True)
     return {"overrides": args.overrides, "sampler": cfg.inference.sampler, "shape": list(post.fwd.grid.shape),
-            "pdims": list(post.fwd.grid.pdims), "max_tree_depth": args.depth, "draws_per_round": args.draws,
+            "pdims": list(post.fwd.grid.pdims), "max_tree_depth": args.depth, "draws_per_round": args.draws, "vmap": not args.no_vmap,
             "leapfrog_steps": steps_all, "seconds_per_draw": t_draws, "seconds_per_gradient": t_grads,
             "ratio": ratios, "ratio_median": statistics.median(ratios)}
 
@@ -189,6 +199,7 @@ def main(argv=None) -> None:
     ap.add_argument("--draws", type=int, default=4)
     ap.add_argument("--grads", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-vmap", action="store_true", help="overhead: step one chain without jax.vmap")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.mode == "_memory_one":

@@ -75,6 +75,7 @@ def gradient_collectives(post8):
     return ops
 
 
+@pytest.mark.slow  # ~40 s on 2 cores (an 8-device PM gradient and NUTS step compiled); keeps the default suite < 600 s
 def test_the_sharded_nuts_step_gathers_no_field(post8, gradient_collectives):
     """Every collective of the compiled NUTS step is one of the gradient's, one for one (NumPyro
     traces the leapfrog's gradient once, in the tree's loop), plus all-reduces of scalars:

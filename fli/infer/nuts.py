@@ -633,6 +633,8 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
     meta = None
     if last is not None:
         meta = ckpt.read_meta(ckpt_dir, last)
+        # runs made before inference.sampler existed all sampled the flat, sharded latent
+        meta["config"].setdefault("inference", {}).setdefault("sampler", "sharded")
         ckpt.check_resumable(meta["config"], resolved, MAY_CHANGE, where=f"run_dir {run_dir}")
         if (run_dir / NUTS_JSON).exists() and meta["draws"] >= total:
             # a sweep started again after a crash passes over its finished jobs: nothing is rewritten
