@@ -183,7 +183,8 @@ def overhead(args) -> dict:
         print(f"  round: {args.draws} draws {td:.2f} s, {n} leapfrog steps, gradient {tg * 1e3:.1f} ms -> ratio "
               f"{ratios[-1]:.3f}", flush=True)
     return {"overrides": args.overrides, "sampler": cfg.inference.sampler, "shape": list(post.fwd.grid.shape),
-            "pdims": list(post.fwd.grid.pdims), "max_tree_depth": args.depth, "draws_per_round": args.draws, "vmap": not args.no_vmap,
+            "pdims": list(post.fwd.grid.pdims), "max_tree_depth": args.depth,
+            "draws_per_round": args.draws, "vmap": not args.no_vmap,
             "leapfrog_steps": steps_all, "seconds_per_draw": t_draws, "seconds_per_gradient": t_grads,
             "ratio": ratios, "ratio_median": statistics.median(ratios)}
 

@@ -219,6 +219,7 @@ def test_the_sharded_kernel_follows_stock_numpyro_nuts_draw_for_draw():
     np.testing.assert_allclose(np.asarray(zs)[:, 0], np.asarray(zr), atol=1e-8)
 
 
+@pytest.mark.slow  # ~20 s on 2 cores (350 transitions of 8 chains): the default suite ran 686 s with it, cold
 def test_the_float32_sharded_kernel_draws_the_gaussian_target():
     """The float32 kernel on 8 devices, 8 vectorised chains from over-dispersed starts, on
     independent normals of known scales: the draws' means and variances agree with the
