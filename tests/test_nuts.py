@@ -366,3 +366,25 @@ def test_resume_on_another_device_layout_continues_the_chain(small_mock, chain, 
         b["stats"]["gradient_evals"][7]
     # the step size adapted on (1, 1) carries over: the warm-up is over, it no longer changes
     assert np.all(b["stats"]["step_size"][8:] == b["stats"]["step_size"][7])
+
+
+@pytest.mark.slow  # ~4.5 min on 2 shared cores: NumPyro's own layout compiled on two device layouts
+def test_numpyros_own_layout_samples_resumes_on_another_layout_and_cannot_be_swapped(small_mock, tmp_path, capsys):
+    """``inference.sampler=numpyro`` (the baseline the sharded sampler is measured against)
+    runs through fli-nuts as the sharded one does: chunks, checkpoints, a resume on another
+    device layout (its state is a global pytree: a plain reshard), and a resume with the other
+    sampler is refused in one line naming the key."""
+    run = tmp_path / "stock"
+    base = [*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.sampler=numpyro"]
+    assert nuts_main([*base, "inference.num_samples=2"]) == 0  # 8 draws on pdims (1, 1)
+    assert nuts_main([*base, "distributed.pdims=[2,2]"]) == 0  # 4 more on (2, 2)
+    assert complete_chunks(run) == [0, 1, 2]
+    b = read_chunks(run)
+    assert np.all(np.isfinite(b["draws"]["sigma8"])) and b["stats"]["gradient_evals"][-1] > \
+        b["stats"]["gradient_evals"][7]
+    assert np.all(b["stats"]["step_size"][8:] == b["stats"]["step_size"][7])  # the adapted step size carried over
+    assert json.loads((run / "nuts.json").read_text())["sampler"] == "numpyro"
+    capsys.readouterr()
+    assert nuts_main([*base[:-1], "inference.sampler=sharded", "inference.num_samples=10"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "inference.sampler" in err[0], err
