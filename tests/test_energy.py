@@ -40,7 +40,7 @@ def _trajectory_delta_h(post, data, z0, r0, precise, n_steps=10, step_size=0.05)
 
     from fli.infer.sampler import kinetic_energy
 
-    ke = kinetic_energy(post.layout, precise=precise)
+    ke = kinetic_energy(post.layout.size, precise=precise)
     pe = lambda z: post.potential_flat(z, data, precise=precise)
 
     @jax.jit
