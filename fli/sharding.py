@@ -74,8 +74,6 @@ def field_leaf_shardings(tree, mesh: Mesh, shape: Sequence[int]):
     field ``shape`` sharded like the field (leading axes, such as L-BFGS's memory or a chain
     axis, unsharded), everything else replicated. For states built from the field (an
     optimiser's moments, a sampler's state), which would otherwise land on one device."""
-    import numpy as np  # noqa: PLC0415
-
     shape, rep = tuple(shape), NamedSharding(mesh, P())
 
     def one(x):
@@ -85,6 +83,22 @@ def field_leaf_shardings(tree, mesh: Mesh, shape: Sequence[int]):
         return rep
 
     return jax.tree.map(one, tree)
+
+
+def hlo_collectives(hlo: str):
+    """Count of every all-gather / all-reduce / all-to-all in compiled HLO text, keyed by
+    ``(op, element count of its largest result)``: how tests and benchmarks check that a
+    compiled program keeps the field sharded."""
+    import re  # noqa: PLC0415
+    from collections import Counter  # noqa: PLC0415
+
+    out = Counter()
+    for line in hlo.splitlines():
+        m = re.search(r"=\s*(.*?)\s+(all-gather|all-reduce|all-to-all)(-start)?\(", line)
+        if m:
+            shapes = re.findall(r"[a-z]+[0-9]*\[([0-9,]*)\]", m.group(1))
+            out[(m.group(2), max(math.prod(int(d) for d in s.split(",") if d) for s in shapes))] += 1
+    return out
 
 
 def mesh_pdims(mesh: Mesh) -> tuple[int, int]:

@@ -36,18 +36,13 @@ sys.path.insert(0, str(ROOT))
 
 
 def _collectives(hlo: str, field: int) -> dict:
-    import re  # noqa: PLC0415
-
-    import numpy as np  # noqa: PLC0415
+    """Collectives with a field-sized operand (at least one block of 8 devices), by op."""
+    from fli.sharding import hlo_collectives  # noqa: PLC0415
 
     out: dict[str, int] = {}
-    for line in hlo.splitlines():
-        m = re.search(r"=\s*(.*?)\s+(all-gather|all-reduce|all-to-all)(-start)?\(", line)
-        if m:
-            shapes = re.findall(r"[a-z]+[0-9]*\[([0-9,]*)\]", m.group(1))
-            n = max(int(np.prod([int(d) for d in s.split(",") if d] or [1])) for s in shapes)
-            if n >= field // 8:  # a field-sized operand: at least one block of 8 devices
-                out[m.group(2)] = out.get(m.group(2), 0) + 1
+    for (op, n), c in hlo_collectives(hlo).items():
+        if n >= field // 8:
+            out[op] = out.get(op, 0) + c
     return out
 
 

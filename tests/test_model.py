@@ -89,14 +89,9 @@ def test_numpyro_model_is_the_same_posterior():
 
 def _collectives(hlo: str):
     """(op, element count of its result) for every all-gather / all-reduce / all-to-all."""
-    out = []
-    for line in hlo.splitlines():
-        m = re.search(r"=\s*(.*?)\s+(all-gather|all-reduce|all-to-all)(-start)?\(", line)
-        if m:
-            shapes = re.findall(r"[a-z]+[0-9]*\[([0-9,]*)\]", m.group(1))
-            n = max(int(np.prod([int(d) for d in s.split(",") if d] or [1])) for s in shapes)
-            out.append((m.group(2), n))
-    return out
+    from fli.sharding import hlo_collectives
+
+    return list(hlo_collectives(hlo).elements())
 
 
 @pytest.mark.slow  # ~45 s on 2 cores (an 8-device PM gradient compiled and its HLO read)

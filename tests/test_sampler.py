@@ -7,7 +7,6 @@
   device, draw for draw (same key, same start).
 """
 
-import re
 from collections import Counter
 
 import jax
@@ -15,22 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fli.sharding import hlo_collectives as collectives
 from tests.posterior_setup import small_posterior
 
 # a field of 16 x 16 x 32 on (2, 4): blocks of 8 x 4 x 32 hold the halo of 2 comfortably
 FIELD16 = ["simulation.mesh=[16,16,32]"]
-
-
-def collectives(hlo: str) -> Counter:
-    """Count of every all-gather / all-reduce / all-to-all, by (op, element count of its
-    largest result)."""
-    out = Counter()
-    for line in hlo.splitlines():
-        m = re.search(r"=\s*(.*?)\s+(all-gather|all-reduce|all-to-all)(-start)?\(", line)
-        if m:
-            shapes = re.findall(r"[a-z]+[0-9]*\[([0-9,]*)\]", m.group(1))
-            out[(m.group(2), max(int(np.prod([int(d) for d in s.split(",") if d] or [1])) for s in shapes))] += 1
-    return out
 
 
 def beyond_the_forward(ops: Counter, own: Counter, n_small: int) -> list:

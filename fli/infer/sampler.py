@@ -40,12 +40,12 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from fli.config import SAMPLERS
 from fli.infer.energy import offset_sum
 from fli.infer.layout import FLAT_SPEC
 from fli.infer.model import Data, Posterior
 
 KERNELS = ("nuts", "hmc")
-SAMPLERS = ("sharded", "numpyro")
 
 
 class StepInfo(NamedTuple):
