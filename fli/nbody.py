@@ -28,7 +28,7 @@ steps), as in pmwd (Li et al. 2022, arXiv:2211.09815).
 
 Second derivatives. Hessian-vector products work through both adjoints, forward-over-reverse
 (``jax.jvp`` of ``jax.grad``) and reverse-over-reverse (``jax.grad`` of ``<grad U, v>``)
-(tests/test_second_order.py). Reverse-over-reverse through ``"reversible"`` differentiates its
+(tests/physics/test_second_order.py). Reverse-over-reverse through ``"reversible"`` differentiates its
 backward walk, whose residuals are stored per step: memory grows with the steps there, as
 with ``"checkpoint"``. Forward mode alone (``jax.jvp`` of the simulation, not of its gradient)
 works with ``"checkpoint"`` only: JAX applies no forward mode to a custom VJP.

@@ -15,6 +15,10 @@ jax.config.update("jax_numpy_rank_promotion", "allow")
 # tests that CI runs after the default ones) reuse compiled programs instead of recompiling
 _CACHE = os.environ.get("FLI_TEST_JAX_CACHE", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "jax"))
 jax.config.update("jax_compilation_cache_dir", os.path.abspath(_CACHE))
+# ... and every fli command the tests run, in this process or in another, uses the same cache
+# (conf/config.yaml's compilation_cache reads FLI_COMPILATION_CACHE), not the user's
+# ~/.cache/fli/jax: a fresh clone's CI starts cold, and nothing outside the checkout is written
+os.environ["FLI_COMPILATION_CACHE"] = os.path.abspath(_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
@@ -23,14 +27,46 @@ def n_devices() -> int:
     return jax.device_count()
 
 
-LAYOUTS = [(1, 1), (2, 2), (2, 4), (1, 8), (8, 1)]
+# --------------------------------------------------------------------------- the time budget
+# CI (.ci/run) runs the default set, then the slow set, on 2 cores: 7 and 40 minutes in all
+# (README, "Testing"). Every slow test states its measured cost in its mark,
+# ``@pytest.mark.slow(seconds=40)``, set-up of the fixtures it is first to need included;
+# the session's summary puts the measured times beside the stated ones.
+DEFAULT_BUDGET_S, CI_BUDGET_S = 7 * 60, 40 * 60
+_durations: dict[str, float] = {}
+_stated: dict[str, float] = {}
 
 
-def ccl_cosmology(c, power: str = "linear"):
-    """The pyccl twin of a fli Cosmology: Eisenstein-Hu transfer, no radiation or neutrinos
-    (as fli), ``power`` "linear" or "halofit". pyccl is a test dependency."""
-    import pyccl  # noqa: PLC0415
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        mark = item.get_closest_marker("slow")
+        if mark is not None and not isinstance(mark.kwargs.get("seconds"), (int, float)):
+            raise pytest.UsageError(f"{item.nodeid}: a slow test states its measured cost on 2 cores, "
+                                    "e.g. @pytest.mark.slow(seconds=40)")
+        if mark is not None:  # user_properties travel with the reports (also from pytest-xdist's workers)
+            item.user_properties.append(("slow_seconds", float(mark.kwargs["seconds"])))
 
-    return pyccl.Cosmology(Omega_c=c.Omega_c, Omega_b=c.Omega_b, h=c.h, n_s=c.n_s, sigma8=c.sigma8,
-                           w0=c.w0, wa=c.wa, Omega_g=0.0, Neff=0.0, m_nu=0.0,
-                           transfer_function="eisenstein_hu", matter_power_spectrum=power)
+
+def pytest_runtest_logreport(report):
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    for key, value in report.user_properties:
+        if key == "slow_seconds":
+            _stated[report.nodeid] = value
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    slow = {n: (s, _durations[n]) for n, s in _stated.items() if n in _durations}
+    total = sum(_durations.values())
+    if not _durations:
+        return
+    if not slow:
+        terminalreporter.write_line(f"time budget: {len(_durations)} tests took {total:.0f} s in set-up, calls and "
+                                    f"tear-down; the default set's budget is {DEFAULT_BUDGET_S} s on 2 cores")
+        return
+    stated, measured = sum(s for s, _ in slow.values()), sum(m for _, m in slow.values())
+    terminalreporter.write_line(f"time budget: {len(slow)} slow tests stated {stated:.0f} s and took {measured:.0f} s; "
+                                f"CI's budget is {CI_BUDGET_S} s on 2 cores for both sets, install included")
+    over = sorted(((m - s, n, s, m) for n, (s, m) in slow.items() if m > 2 * s + 20), reverse=True)
+    for _, name, s, m in over:
+        terminalreporter.write_line(f"  over its stated cost: {name} stated {s:.0f} s, took {m:.0f} s")

@@ -24,7 +24,7 @@ expected sum the float32 result is of order sqrt(D) and resolves ~1e-4. The fiel
 stored in float64 (the convert fuses into the reduction). Its derivative is the plain sum of
 the tangents, so gradients are unchanged.
 
-``tests/test_energy.py`` checks it against float64 (the sum on sharded fields, and the energy
+``tests/infer/test_energy.py`` checks it against float64 (the sum on sharded fields, and the energy
 change of one trajectory at 64^3) and that plain float32 sums fail the same check.
 """
 

@@ -29,7 +29,7 @@ Derivatives (``ad``). ``"forward"`` is forward-over-reverse (``jax.jvp`` of ``ja
 Gauss-Newton: ``jax.jvp`` of ``r`` then ``jax.vjp``). JAX cannot apply forward mode to a
 ``jax.custom_vjp`` function; the PM model's painting and halo exchanges are custom JVPs and
 linear maps now, so forward-over-reverse works through both of ``fli.nbody``'s adjoints
-(tests/test_second_order.py). ``"reverse"`` is reverse-over-reverse (``jax.grad`` of
+(tests/physics/test_second_order.py). ``"reverse"`` is reverse-over-reverse (``jax.grad`` of
 ``<grad U, v>``; Gauss-Newton: ``J v`` as the transpose of the linear map ``u -> J^T u``).
 ``"auto"`` (the default) tries the forward one and takes the
 reverse one if JAX refuses forward mode on a ``custom_vjp`` (it does so while lowering).
@@ -62,7 +62,7 @@ ADS = ("auto", "forward", "reverse")
 # Counting rule: one HVP costs HVP_COST evaluations of ``jax.value_and_grad(U)`` (the textbook
 # figure for forward-over-reverse: a gradient plus its tangent). A rule, not a measurement:
 # the ratio depends on the model's operations. Measured with :func:`hvp_cost_ratio` on the
-# toy residual of ``tests/test_laplace.py`` (amplitude x line-of-sight tilt x neighbour
+# toy residual of ``tests/infer/test_laplace.py`` (amplitude x line-of-sight tilt x neighbour
 # smoothing, ``tensordot`` onto 3 maps, quadratic term; float32, one CPU device, 2 cores shared
 # with other jobs, median of 15, so +-20 %): at 64x64x128 exact 1.2 (forward) / 1.5 (reverse),
 # Gauss-Newton 1.0-1.6; at 128^3 Gauss-Newton 1.1-1.3 but exact 4-5 (9 ms gradient, 37-47 ms

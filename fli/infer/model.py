@@ -22,7 +22,7 @@ Laplace step) and ONE flat vector sharded over all devices (:mod:`fli.infer.layo
 NumPyro's samplers), plus :meth:`Posterior.numpyro_model`, the same posterior as a NumPyro
 model, with deterministic sites for every physical parameter, ``Omega_m`` and
 ``S8 = sigma8 sqrt(Omega_m / 0.3)``. Nothing in it gathers the field: the sums are local
-plus one scalar all-reduce (tests/test_model.py reads the compiled HLO).
+plus one scalar all-reduce (tests/infer/test_model.py reads the compiled HLO).
 
 Annealing (Modi, Feng & Seljak 2018, arXiv:1805.02247): ``smooth`` [pixels] convolves the
 whitened residual map with a periodic Gaussian of that width before it is squared, so the
@@ -204,7 +204,7 @@ class Posterior:
     def numpyro_model(self, data: Data) -> None:
         """The posterior as a NumPyro model over ONE flat latent site ``"latent"`` (the
         sampler layout), with deterministic sites for the parameters; its potential energy
-        equals :meth:`potential_flat` plus a constant (tests/test_model.py)."""
+        equals :meth:`potential_flat` plus a constant (tests/infer/test_model.py)."""
         import numpyro  # noqa: PLC0415
         import numpyro.distributions as dist  # noqa: PLC0415
 

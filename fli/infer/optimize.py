@@ -39,7 +39,7 @@ def _local_inner_products() -> bool:
     when ``jax.__version__ < '0.7.2'``, a comparison of strings that is true for jax 0.10.x.
     ``jnp.vdot`` ravels its operands, and raveling a field sharded ``P('x', 'y')`` gathers it:
     measured, 14 all-gathers of half the field in one compiled L-BFGS step on 8 devices
-    (tests/test_sampler.py). Where that branch is taken on a jax that has the alternative,
+    (tests/infer/test_sampler.py). Where that branch is taken on a jax that has the alternative,
     Optax's own ``tensordot`` form (no ravel) is put in its place; nothing else changes.
     """
     from packaging.version import Version  # noqa: PLC0415

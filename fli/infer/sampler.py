@@ -96,7 +96,7 @@ class NumpyroKernel:
     that device's field block and a tail, so every state vector NumPyro builds from it (momentum,
     gradient, mass matrix, Welford moments, the tree's states and momentum sums) is sharded the
     same way and its inner products are local sums and one all-reduce of a scalar
-    (tests/test_sampler.py reads the compiled step).
+    (tests/infer/test_sampler.py reads the compiled step).
 
     Args:
         post: the posterior; its flat layout is the latent.

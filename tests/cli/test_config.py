@@ -70,4 +70,4 @@ def test_cli_too_many_devices(tmp_path, capsys):
 
 
 def test_config_tree_is_where_the_cli_looks():
-    assert (Path(__file__).parents[1] / "conf" / "config.yaml").samefile(CONF / "config.yaml")
+    assert (Path(__file__).parents[2] / "conf" / "config.yaml").samefile(CONF / "config.yaml")

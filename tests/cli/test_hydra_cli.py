@@ -2,7 +2,7 @@
 sweeps into hydra.sweep.dir, launcher plugins (basic, submitit_local, SLURM's sbatch file),
 nothing left behind by a refused config, one run directory for all processes.
 
-Most runs use tests/hydra_probe.py, a console script on the same main_wrapper whose body
+Most runs use tests/helpers/hydra_probe.py, a console script on the same main_wrapper whose body
 takes milliseconds; the fli-mock runs that compute a mock are marked slow (~25 s each).
 """
 
@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-import tests.hydra_probe as probe
+import tests.helpers.hydra_probe as probe
 from fli.cli.common import main_wrapper
-from tests.posterior_setup import SMALL
-from tests.test_multiprocess import ROOT, free_port, launch
+from tests.helpers.posterior import SMALL
+from tests.helpers.processes import ROOT, free_port, launch
 
-PROBE = [sys.executable, "-m", "tests.hydra_probe"]
+PROBE = [sys.executable, "-m", "tests.helpers.hydra_probe"]
 STAMP = r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}-\d{3}"  # outputs/<command>/<date>_<time>, milliseconds
 
 
@@ -245,7 +245,7 @@ def test_two_processes_agree_on_one_run_dir(tmp_path, mode):
 # --------------------------------------------------------------------------- fli-mock itself
 
 
-@pytest.mark.slow  # two tiny mocks, ~25 s each on 2 cores
+@pytest.mark.slow(seconds=25)  # two tiny mocks
 def test_fli_mock_sweep_writes_two_complete_runs(tmp_path):
     from fli.io import COMPLETE, load_mock
 
@@ -264,7 +264,7 @@ def test_fli_mock_sweep_writes_two_complete_runs(tmp_path):
     assert not (mocks[0].white_noise == mocks[1].white_noise).all()
 
 
-@pytest.mark.slow  # two tiny mocks in two submitit processes
+@pytest.mark.slow(seconds=25)  # two tiny mocks in two submitit processes
 def test_fli_mock_submitit_local_sweep(tmp_path):
     from fli.io import COMPLETE
 
@@ -277,7 +277,7 @@ def test_fli_mock_submitit_local_sweep(tmp_path):
     assert "forward model done" in logs  # fli's progress lines reach each job's log
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=15)
 def test_fli_mock_hydra_run_dir_with_a_relative_path(tmp_path):
     res = run([*fli_mock(), *SMALL, "hydra.run.dir=runs/one"], tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]

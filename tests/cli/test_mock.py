@@ -12,9 +12,8 @@ from fli.cli.common import compose
 from fli.cli.mock import main, make_mock
 from fli.io import COMPLETE, MockError, load_mock, write_arrays
 from fli.sharding import make_mesh, process_allgather
-
-from .conftest import ccl_cosmology
-from .test_multiprocess import ROOT, free_port, launch
+from tests.helpers.physics import ccl_cosmology
+from tests.helpers.processes import ROOT, free_port, launch
 
 TINY = ["experiment=tiny"]
 
@@ -69,7 +68,7 @@ def test_mock_is_the_same_on_every_layout_and_reads_back_anywhere(mock_dir):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow  # ~35 s on 2 cores
+@pytest.mark.slow(seconds=45)
 def test_two_process_mock_equals_single_process(mock_dir, tmp_path):
     run, port = tmp_path / "mp", free_port()
     argv = [sys.executable, "-m", "fli.cli.mock", *TINY, f"run_dir={run}", "distributed.pdims=[2,2]",
@@ -140,7 +139,7 @@ def test_run_module_entry_point_help():
     assert ROOT.is_dir()
 
 
-@pytest.mark.slow  # ~25 s on 2 cores
+@pytest.mark.slow(seconds=20)
 def test_noiseless_mock_cl_matches_limber_over_seeds():
     """Map C_ell of noiseless PM mocks, averaged over 8 seeds, against plane-sum Limber.
 
@@ -193,7 +192,7 @@ def test_noiseless_mock_cl_matches_limber_over_seeds():
 
 @pytest.mark.multiprocess
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed (Debian: openmpi-bin)")
-@pytest.mark.slow  # ~1 min on 2 cores (an Open MPI launch of fli-mock)
+@pytest.mark.slow(seconds=25)  # (an Open MPI launch of fli-mock)
 def test_mpirun_launch_autodetects_and_matches(mock_dir, tmp_path):
     """`mpirun -n 2 fli-mock ...` with no coordinator: jax.distributed finds Open MPI's variables,
     and without run_dir both processes agree on one timestamped run directory."""

@@ -27,7 +27,7 @@ def body(cfg, resolved, run_dir, log):
 
 
 if __name__ == "__main__":
-    import tests.hydra_probe as probe  # by reference, so that a launcher's job process can unpickle it
+    import tests.helpers.hydra_probe as probe  # by reference, so that a launcher's job process can unpickle it
     from fli.cli.common import main_wrapper
 
     sys.exit(main_wrapper("probe", probe.body))

@@ -17,7 +17,7 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=
 import numpy as np  # noqa: E402
 
 from fli.sharding import process_allgather  # noqa: E402
-from tests.test_multiprocess import forward_density  # noqa: E402
+from tests.helpers.processes import forward_density  # noqa: E402
 
 rho = process_allgather(forward_density((2, 2)))
 if pid == 0:

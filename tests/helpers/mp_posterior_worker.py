@@ -1,4 +1,4 @@
-"""Worker for tests/test_model.py: one of N processes (2 CPU devices each) evaluating the
+"""Worker for tests/infer/test_model.py: one of N processes (2 CPU devices each) evaluating the
 small posterior's value and gradient on pdims (2, 2).  usage: PORT NPROC PID OUT.npz"""
 
 import os
@@ -15,7 +15,7 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=
 import numpy as np  # noqa: E402
 
 from fli.sharding import process_allgather  # noqa: E402
-from tests.posterior_setup import small_posterior  # noqa: E402
+from tests.helpers.posterior import small_posterior  # noqa: E402
 
 post, data, lat = small_posterior((2, 2))
 (u, _), g = post.value_and_grad()(lat, data)

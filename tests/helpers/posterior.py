@@ -1,4 +1,4 @@
-"""A small posterior shared by the model tests and their multi-process worker.
+"""The small posterior shared by the model tests, their multi-process worker and the command tests.
 
 8 x 8 x 32 cells, 4 lens planes, 8 x 8 pixels, 2 source bins: compiles in seconds. The data
 are the forward model's own kappa at the truth plus shape noise, so the posterior is well posed.
@@ -12,6 +12,12 @@ import numpy as np
 
 SMALL = ["experiment=tiny", "simulation.mesh=[8,8,32]", "simulation.halo=2", "lensing.npix=8",
          "lensing.n_planes=4"]
+
+# a short fli-nuts chain of the SMALL posterior: 6 warm-up + 6 draws in chunks of 4 (the last
+# chunk straddles nothing: 4, 4, 4), fields of every 2nd draw; tree depth <= 3 keeps a draw at
+# <= 7 gradients. It tests the machinery, not convergence.
+CHAIN = ["inference.num_warmup=6", "inference.num_samples=6", "inference.chunk=4", "inference.field_thin=2",
+         "inference.max_tree_depth=3", "seed=3"]
 
 
 def small_posterior(pdims=(1, 1), extra=(), dtype="float32"):

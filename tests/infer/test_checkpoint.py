@@ -34,10 +34,10 @@ from fli.infer.checkpoint import (
     save_checkpoint,
 )
 from fli.sharding import field_sharding, make_mesh, replicated, white_noise
-from tests.test_multiprocess import ROOT, free_port, launch
+from tests.helpers.processes import ROOT, free_port, launch
 
 SHAPE = (16, 8, 6)
-WORKER = str(ROOT / "tests" / "ckpt_worker.py")
+WORKER = str(ROOT / "tests" / "helpers" / "ckpt_worker.py")
 
 
 def bits(x) -> tuple:
@@ -185,7 +185,7 @@ def test_save_killed_before_commit_is_never_latest(tmp_path):
     assert latest_step(tmp_path) == 1 and all_steps(tmp_path) == [1]
     with pytest.raises(CheckpointError, match="interrupted"):
         read_meta(tmp_path, 2)
-    from tests.ckpt_worker import reference_field, state_on  # noqa: PLC0415
+    from tests.helpers.ckpt_worker import reference_field, state_on  # noqa: PLC0415
 
     got, meta = restore_checkpoint(tmp_path, None, state_on(make_mesh((2, 2))))
     assert bits(got["field"]) == bits(reference_field()) and meta["pdims"] == [2, 2]
@@ -427,7 +427,7 @@ def test_numpyro_hmc_state_round_trips(tmp_path):
 
 @pytest.mark.multiprocess
 def test_two_process_save_restores_on_other_layouts(tmp_path):
-    from tests.ckpt_worker import reference_field, state_on  # noqa: PLC0415
+    from tests.helpers.ckpt_worker import reference_field, state_on  # noqa: PLC0415
 
     port, ckpt = free_port(), tmp_path / "ckpt"
     t0 = time.time()

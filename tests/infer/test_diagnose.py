@@ -24,7 +24,7 @@ VCELL = 2.0  # (Mpc/h)^3, the prior expectation of the white noise's P(k)
 @pytest.fixture(scope="module")
 def config():
     from fli.cli.common import compose
-    from tests.posterior_setup import SMALL
+    from tests.helpers.posterior import SMALL
 
     _, resolved = compose([*SMALL, "inference.num_warmup=10"])
     return resolved
@@ -284,23 +284,18 @@ def test_harmonic_mean():
 # ---------------------------------------------------------------- a real chain
 
 
-@pytest.mark.slow  # two short fli-nuts chains of the small mock: ~1-2 min on 2 cores
-def test_real_chains_of_the_small_mock(tmp_path):
-    """Two fli-nuts chains (seeds 0, 1) of the small mock, diagnosed: the report's numbers
-    are ArviZ's on chains.nc, its draws are the runs' posterior.nc draws, every figure is drawn."""
+@pytest.mark.slow(seconds=90)  # a second short chain beside the session's (tests/infer/conftest.py), and the report
+def test_real_chains_of_the_small_mock(small_mock, chain, tmp_path):
+    """Two fli-nuts chains of the small mock (the session's chain, seed 3, and one of seed 0),
+    diagnosed: the report's numbers are ArviZ's on chains.nc, its draws are the runs'
+    posterior.nc draws, every figure is drawn."""
     import arviz as az
 
-    from fli.cli.mock import main as mock_main
     from fli.cli.nuts import main as nuts_main
-    from tests.posterior_setup import SMALL
-    from tests.test_nuts import CHAIN
+    from tests.helpers.posterior import CHAIN, SMALL
 
-    mock = tmp_path / "mock"
-    assert mock_main([*SMALL, f"run_dir={mock}"]) == 0
-    runs = []
-    for seed in (0, 1):
-        runs.append(tmp_path / f"nuts{seed}")
-        assert nuts_main([*SMALL, *CHAIN, f"seed={seed}", f"mock={mock}", f"run_dir={runs[-1]}"]) == 0
+    runs = [chain, tmp_path / "nuts0"]
+    assert nuts_main([*SMALL, *CHAIN, "seed=0", f"mock={small_mock}", f"run_dir={runs[1]}"]) == 0
     out = tmp_path / "diag"
     code = _main([f"runs=[{runs[0]},{runs[1]}]", f"run_dir={out}"])
     rep = json.loads((out / "diagnostics.json").read_text())
@@ -333,7 +328,7 @@ def _chromium():
 
 @pytest.mark.skipif(_chromium() is None, reason="headless Chromium not installed (Debian package chromium; "
                                                  ".ci/run installs it)")
-@pytest.mark.slow  # ~20 s on 2 cores: two Chromium starts and the figures
+@pytest.mark.slow(seconds=10)  # two Chromium starts and the figures
 def test_report_renders_in_headless_chromium(tmp_path, config):
     """report.html opened by Chromium: it renders (a screenshot with the figures' colours), every
     image decodes (naturalWidth > 0, read by a script added to a copy), and it names no resource

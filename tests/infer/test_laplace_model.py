@@ -8,7 +8,7 @@ import pytest
 
 from fli.infer.laplace import laplace
 from fli.infer.model import Latents
-from tests.posterior_setup import small_posterior
+from tests.helpers.posterior import small_posterior
 
 
 def _dense(fn_vec, n, dim):
@@ -17,7 +17,7 @@ def _dense(fn_vec, n, dim):
     return np.asarray(jax.lax.map(fn_vec, eye)).T
 
 
-@pytest.mark.slow  # a dense 1026 x 1026 Hessian by reverse-over-reverse columns
+@pytest.mark.slow(seconds=185)  # a dense 1026 x 1026 Hessian by reverse-over-reverse columns: compiling is most of it
 @pytest.mark.parametrize("hessian", ["exact", "gauss_newton"])
 def test_schur_complement_matches_the_dense_inverse(hessian):
     with jax.enable_x64(True):

@@ -12,17 +12,9 @@ import numpy as np
 import pytest
 
 from fli.cli.map import main as map_main
-from fli.cli.mock import main as mock_main
 from fli.infer import checkpoint as ckpt
-from tests.posterior_setup import SMALL
-from tests.test_multiprocess import ROOT
-
-
-@pytest.fixture(scope="module")
-def small_mock(tmp_path_factory):
-    run = tmp_path_factory.mktemp("mock") / "run"
-    assert mock_main([*SMALL, f"run_dir={run}"]) == 0
-    return run
+from tests.helpers.posterior import SMALL
+from tests.helpers.processes import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +25,7 @@ def small_map(small_mock, tmp_path_factory):
     return run
 
 
-@pytest.mark.slow  # the MAP with its Laplace step: minutes on 2 cores
+@pytest.mark.slow(seconds=165)  # small_map: the MAP and its Laplace step (with the small mock, where first)
 def test_map_writes_its_outputs(small_map):
     out = json.loads((small_map / "map.json").read_text())
     for name in ("config.yaml", "loss_history.csv", "metrics.json", "loss.png", "kappa_maps.png",
@@ -116,7 +108,7 @@ def test_truth_metrics_need_a_truth(small_mock, tmp_path, capsys):
     assert not run.exists()
 
 
-@pytest.mark.slow  # the MAP with its Laplace step: minutes on 2 cores
+@pytest.mark.slow(seconds=5)  # reads small_map, which the first slow test of this file pays for
 def test_resuming_with_another_model_config_is_refused(small_mock, small_map, tmp_path, capsys):
     run = tmp_path / "again"
     shutil.copytree(small_map, run)
@@ -129,7 +121,7 @@ def test_resuming_with_another_model_config_is_refused(small_mock, small_map, tm
     assert sorted(p.name for p in run.iterdir()) == before
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=60)
 def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(small_mock, tmp_path):
     """Adam, same layout: the resumed run's MAP field and parameters equal the uninterrupted
     one's bitwise (the optimiser state, the step and the schedule all come back)."""
@@ -170,7 +162,7 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(small_mock, tm
     np.testing.assert_array_equal(ha[:, 1], hb[:, 1])  # the same loss at every step
 
 
-@pytest.mark.slow  # ~1.5 min on 2 cores
+@pytest.mark.slow(seconds=25)
 def test_annealing_runs_its_stages_then_the_exact_likelihood(small_mock, tmp_path):
     run = tmp_path / "anneal"
     assert map_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", "inference.map.steps=14",
@@ -182,7 +174,7 @@ def test_annealing_runs_its_stages_then_the_exact_likelihood(small_mock, tmp_pat
     assert out["anneal"] is True and out["steps"] == 14
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=70)
 def test_resume_on_another_device_layout(small_map, small_mock, tmp_path):
     """A run checkpointed on one device continues on pdims (2, 2) (orbax restores onto the new
     sharding; not bitwise: reductions reorder) and ends with a fit as good."""

@@ -49,7 +49,7 @@ def _setup(overrides, seed, sigma=None):
     return cfg, post, data, s_true, kappa
 
 
-@pytest.mark.slow  # ~30 s on 2 cores
+@pytest.mark.slow(seconds=25)
 def test_linear_forward_map_is_cg_posterior_mean():
     """8x8x32 cells, 4 planes, 8x8 pixels, 2 bins, linear forward, cosmology fixed at the truth,
     noise sigma_b = 2e-3 (S/N ~ 1-10 per pixel, so the data move the field well away from 0).
@@ -88,7 +88,7 @@ def test_linear_forward_map_is_cg_posterior_mean():
     np.testing.assert_array_equal(np.asarray(run.params.theta), np.asarray(theta))  # theta held fixed
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=135)
 def test_pm_map_kappa_follows_wiener():
     """32x32x64 cells over 320x320x3600 Mpc/h, 8 planes, 32x32 pixels over 5 deg, 4 Smail
     source bins with n_gal = 30/arcmin^2 each, PM forward (2LPT + 8 FastPM steps), joint MAP

@@ -18,8 +18,8 @@ from fli.infer.layout import FlatLayout
 from fli.infer.model import Latents, build_posterior
 from fli.infer.priors import PriorTransform
 from fli.sharding import make_mesh, white_noise
-from tests.posterior_setup import SMALL, small_posterior
-from tests.test_multiprocess import ROOT, free_port, launch
+from tests.helpers.posterior import SMALL, small_posterior
+from tests.helpers.processes import ROOT, free_port, launch
 
 
 def test_prior_transforms_carry_the_standard_normal_onto_each_prior():
@@ -62,7 +62,7 @@ def test_flat_layout_round_trip(pdims):
     assert float(np.sum(np.asarray(lay.dummy_mask()))) == lay.n_dummies
 
 
-@pytest.mark.slow  # ~50 s on 2 cores
+@pytest.mark.slow(seconds=30)
 def test_numpyro_model_is_the_same_posterior():
     """NumPyro's potential energy of the model = U on the flat layout + its constants."""
     from numpyro.infer.util import potential_energy
@@ -94,7 +94,7 @@ def _collectives(hlo: str):
     return list(hlo_collectives(hlo).elements())
 
 
-@pytest.mark.slow  # ~45 s on 2 cores (an 8-device PM gradient compiled and its HLO read)
+@pytest.mark.slow(seconds=30)  # (an 8-device PM gradient compiled and its HLO read)
 def test_value_and_grad_gathers_no_field():
     """The compiled value-and-gradient on 8 devices: no all-gather / all-reduce of field size.
 
@@ -131,7 +131,7 @@ def _assert_same_value_and_grad(u, g_theta, g_s, ref):
     np.testing.assert_allclose(g_s, gs0, atol=1e-4 * np.abs(gs0).max())
 
 
-@pytest.mark.slow  # ~40 s on 2 cores with its one-device reference; the mock layout test stays default
+@pytest.mark.slow(seconds=45)  # with its one-device reference; the mock layout test stays default
 @pytest.mark.parametrize("pdims", [(2, 2), (2, 4)])
 def test_log_density_and_gradient_agree_across_layouts(pdims, one_device_value_and_grad):
     post, data, lat = small_posterior(pdims)
@@ -140,11 +140,11 @@ def test_log_density_and_gradient_agree_across_layouts(pdims, one_device_value_a
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow  # ~45 s on 2 cores; tests/test_multiprocess.py keeps a 2-process run in the default set
+@pytest.mark.slow(seconds=35)  # tests/physics/test_multiprocess.py keeps a 2-process run in the default set
 def test_log_density_and_gradient_on_two_processes(tmp_path, one_device_value_and_grad):
     """2 processes x 2 CPU devices (gloo), pdims (2, 2), against one device in this process."""
     port, out = free_port(), tmp_path / "vg.npz"
-    worker = str(ROOT / "tests" / "mp_posterior_worker.py")
+    worker = str(ROOT / "tests" / "helpers" / "mp_posterior_worker.py")
     res = launch(lambda i: [sys.executable, worker, str(port), "2", str(i), str(out)])
     for rc, text in res:
         assert rc == 0, text[-3000:]
@@ -153,7 +153,7 @@ def test_log_density_and_gradient_on_two_processes(tmp_path, one_device_value_an
     _assert_same_value_and_grad(float(got["u"]), got["g_theta"], got["g_s"], one_device_value_and_grad)
 
 
-@pytest.mark.slow  # ~45 s on 2 cores; FD of kappa through PM (test_lensing_forward) stays in the default set
+@pytest.mark.slow(seconds=30)  # FD of kappa through PM (test_lensing_forward) stays in the default set
 def test_posterior_gradient_matches_finite_differences_in_float64():
     """dU/dtheta for each sampled parameter and dU/ds along a white-noise direction: the
     finite differences recompute everything, the traced light cone included."""

@@ -1,8 +1,8 @@
 """fli-nuts as a user runs it: a small mock, a chain in chunks, its outputs, resume, bad input.
 
-The small posterior (tests/posterior_setup.py SMALL: 8x8x32 cells, 4 planes, 8x8 pixels, 2
+The small posterior (tests/helpers/posterior.py SMALL: 8x8x32 cells, 4 planes, 8x8 pixels, 2
 bins, 2050 latents plus dummies) compiles in seconds; the chains here are a few draws long:
-they test the machinery, not convergence (tests/test_nuts_calibration.py and docs/nuts.md do).
+they test the machinery, not convergence (tests/infer/test_nuts_calibration.py and docs/nuts.md do).
 """
 
 import json
@@ -16,31 +16,11 @@ import time
 import numpy as np
 import pytest
 
-from fli.cli.mock import main as mock_main
 from fli.cli.nuts import main as nuts_main
 from fli.infer import checkpoint as ckpt
 from fli.infer.nuts import complete_chunks, read_chunks
-from tests.posterior_setup import SMALL
-from tests.test_multiprocess import ROOT
-
-# 6 warm-up + 6 draws in chunks of 4 (the last chunk straddles nothing: 4, 4, 4), fields of
-# every 2nd draw; tree depth <= 3 keeps a draw at <= 7 gradients
-CHAIN = ["inference.num_warmup=6", "inference.num_samples=6", "inference.chunk=4", "inference.field_thin=2",
-         "inference.max_tree_depth=3", "seed=3"]
-
-
-@pytest.fixture(scope="module")
-def small_mock(tmp_path_factory):
-    run = tmp_path_factory.mktemp("mock") / "run"
-    assert mock_main([*SMALL, f"run_dir={run}"]) == 0
-    return run
-
-
-@pytest.fixture(scope="module")
-def chain(small_mock, tmp_path_factory):
-    run = tmp_path_factory.mktemp("nuts") / "run"
-    assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}"]) == 0
-    return run
+from tests.helpers.posterior import CHAIN, SMALL
+from tests.helpers.processes import ROOT
 
 
 def test_a_chain_writes_its_chunks_and_inference_data(chain):
@@ -89,7 +69,7 @@ def test_a_chain_writes_its_chunks_and_inference_data(chain):
     assert out["draws"] == 12 and out["draws_post_warmup"] == 6 and out["gradient_evals"] == st["gradient_evals"][-1]
 
 
-@pytest.mark.slow  # ~40 s on 2 cores
+@pytest.mark.slow(seconds=55)
 def test_the_running_mean_is_the_mean_of_the_draws(small_mock, tmp_path):
     """field_thin=1 keeps every field: running.zarr's Welford mean and variance must be the
     mean and variance of the post-warm-up fields (float32 round-off over 4 draws: 1e-5)."""
@@ -107,15 +87,23 @@ def test_the_running_mean_is_the_mean_of_the_draws(small_mock, tmp_path):
     np.testing.assert_allclose(np.asarray(r["var_white_noise"][...]), s.var(0, ddof=1), atol=1e-5)
 
 
-@pytest.mark.slow  # ~40 s on 2 cores; resume is also checked by the SIGKILL test (slow)
-def test_extending_a_chain_continues_it_bit_for_bit(small_mock, chain, tmp_path):
+@pytest.fixture(scope="module")
+def first_eight(small_mock, tmp_path_factory):
+    """The first 8 draws of ``chain`` (num_samples=2: two chunks of 4), on pdims (1, 1): the
+    start that the extension and the relayout tests each continue on a copy."""
+    run = tmp_path_factory.mktemp("nuts") / "eight"
+    assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.num_samples=2"]) == 0
+    assert complete_chunks(run) == [0, 1]
+    return run
+
+
+@pytest.mark.slow(seconds=60)  # resume is also checked by the SIGKILL test (slow)
+def test_extending_a_chain_continues_it_bit_for_bit(small_mock, chain, first_eight, tmp_path):
     """8 draws, then the same run directory with num_samples raised to 12 draws in all: the
     draws and stats equal the 12-draw chain's, bitwise (state, adaptation and key resumed)."""
     run = tmp_path / "run"
-    base = [*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}"]
-    assert nuts_main([*base, "inference.num_samples=2"]) == 0
-    assert complete_chunks(run) == [0, 1]
-    assert nuts_main([*base]) == 0
+    shutil.copytree(first_eight, run)
+    assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}"]) == 0
     a, b = read_chunks(chain), read_chunks(run)
     for part in ("draws", "stats"):
         for name in a[part]:
@@ -161,14 +149,16 @@ def test_init_from_a_map_of_another_mock_is_refused(small_mock, tmp_path, capsys
 # slow: most of the 201 s that this test and the 5 point tests below added to the fresh-clone
 # default suite (a vmapped program compiled, a run and its extension); the one-chain machinery
 # it builds on stays in the default set (the tests above)
-@pytest.mark.slow
+@pytest.mark.slow(seconds=85)
 def test_vectorised_chains_are_each_the_chain_of_their_own_key(small_mock, chain, tmp_path):
     """inference.chains_per_run=2: chain 0 is the one-chain run of the same seed (the same
     keys), chain 1 another chain. The vmapped and the unbatched programs differ at float32
-    round-off (~1e-7), which the chain amplifies: measured 6e-5 (relative) by draw 6 and 2.6e-3
-    by draw 12. So: the discrete trajectory (tree depths, leapfrog counts) equal throughout, the
-    parameters to 1e-4 over the first 6 draws and 1e-2 over all 12; a wrong key or state would
-    change the leapfrog counts at once. The run stops after 8 draws and is extended to 12, so
+    round-off (~1e-7), which the chain amplifies about tenfold a draw: measured 6e-5 (relative)
+    by draw 6 and 2.6e-3 by draw 12 once, and 7e-6, 5.5e-5, 5.9e-4 at draws 4, 5, 6 in a
+    fresh-clone CI run (which failed the 1e-4 that this test then asked of the first 6 draws).
+    So: the discrete trajectory (tree depths, leapfrog counts) equal throughout, the parameters
+    to 1e-4 over the first 4 draws and 1e-2 over all 12; a wrong key or state would change the
+    leapfrog counts at once. The run stops after 8 draws and is extended to 12, so
     the batched checkpoint is restored."""
     import arviz as az
 
@@ -183,7 +173,7 @@ def test_vectorised_chains_are_each_the_chain_of_their_own_key(small_mock, chain
     np.testing.assert_array_equal(c0["stats"]["tree_depth"], one["stats"]["tree_depth"])
     np.testing.assert_array_equal(c0["stats"]["n_steps"], one["stats"]["n_steps"])
     for name in ("Omega_c", "sigma8"):
-        np.testing.assert_allclose(c0["draws"][name][:6], one["draws"][name][:6], rtol=1e-4, err_msg=name)
+        np.testing.assert_allclose(c0["draws"][name][:4], one["draws"][name][:4], rtol=1e-4, err_msg=name)
         np.testing.assert_allclose(c0["draws"][name], one["draws"][name], rtol=1e-2, err_msg=name)
         assert not np.allclose(c1["draws"][name], c0["draws"][name]), name  # its own key: another chain
     # each chain's step size is its own (adapted on its own draws)
@@ -209,7 +199,7 @@ def test_a_given_point_starts_the_chain_there(tmp_path):
     import jax
 
     from fli.infer.nuts import point_start
-    from tests.posterior_setup import small_posterior
+    from tests.helpers.posterior import small_posterior
 
     post, _, lat = small_posterior()
     lay, g = post.layout, post.fwd.grid
@@ -282,7 +272,7 @@ def test_a_corrupt_checkpoint_is_refused_with_its_path(small_mock, chain, tmp_pa
     assert complete_chunks(run) == [0, 1, 2]  # the chunks written are still there
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=70)
 def test_sigkill_mid_chunk_then_resume_matches_the_uninterrupted_chain(small_mock, chain, tmp_path):
     """kill -9 while a chunk runs: the rerun resumes after the last complete chunk, loses and
     duplicates none, and its draws equal the uninterrupted chain's bitwise."""
@@ -311,7 +301,7 @@ def test_sigkill_mid_chunk_then_resume_matches_the_uninterrupted_chain(small_moc
     assert os.path.isfile(cut / "nuts.json")
 
 
-@pytest.mark.slow  # ~40 s on 2 cores (another compile)
+@pytest.mark.slow(seconds=50)  # (another compile)
 def test_hmc_kernel_takes_its_fixed_number_of_steps(small_mock, tmp_path):
     run = tmp_path / "hmc"
     assert nuts_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", "inference.kernel=hmc", "inference.num_steps=5",
@@ -328,8 +318,8 @@ def test_hmc_kernel_takes_its_fixed_number_of_steps(small_mock, tmp_path):
     assert complete_chunks(run) == [0, 1, 2]
 
 
-@pytest.mark.parametrize("old, new", [((2, 2), (1, 2)), pytest.param((1, 1), (2, 4), marks=pytest.mark.slow),
-                                      pytest.param((2, 4), (4, 2), marks=pytest.mark.slow)])
+@pytest.mark.parametrize("old, new", [((2, 2), (1, 2)), pytest.param((1, 1), (2, 4), marks=pytest.mark.slow(seconds=5)),
+                                      pytest.param((2, 4), (4, 2), marks=pytest.mark.slow(seconds=5))])
 def test_the_relayout_permutation_carries_the_field_and_parameters(old, new):
     """A flat vector packed on one layout, permuted, equals the same field and parameters
     packed on the other (fli/infer/relayout.py); new dummies are marked -1."""
@@ -351,12 +341,11 @@ def test_the_relayout_permutation_carries_the_field_and_parameters(old, new):
     np.testing.assert_array_equal(moved, b)  # dummies are 0 in both packs
 
 
-@pytest.mark.slow  # ~1 min on 2 cores (a second layout compiles its own programs)
-def test_resume_on_another_device_layout_continues_the_chain(small_mock, chain, tmp_path, caplog):
+@pytest.mark.slow(seconds=70)  # (a second layout compiles its own programs)
+def test_resume_on_another_device_layout_continues_the_chain(small_mock, chain, first_eight, tmp_path, caplog):
     run = tmp_path / "relayout"
-    base = [*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}"]
-    assert nuts_main([*base, "inference.num_samples=2"]) == 0  # 8 draws on pdims (1, 1)
-    assert nuts_main([*base, "distributed.pdims=[2,2]"]) == 0  # 4 more on (2, 2)
+    shutil.copytree(first_eight, run)  # 8 draws on pdims (1, 1)
+    assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "distributed.pdims=[2,2]"]) == 0
     assert complete_chunks(run) == [0, 1, 2]
     a, b = read_chunks(chain), read_chunks(run)
     # the first 8 draws are the uninterrupted chain's; the last 4 continue from its state on
@@ -368,7 +357,7 @@ def test_resume_on_another_device_layout_continues_the_chain(small_mock, chain, 
     assert np.all(b["stats"]["step_size"][8:] == b["stats"]["step_size"][7])
 
 
-@pytest.mark.slow  # ~4.5 min on 2 shared cores: NumPyro's own layout compiled on two device layouts
+@pytest.mark.slow(seconds=105)  # NumPyro's own layout compiled on two device layouts
 def test_numpyros_own_layout_samples_resumes_on_another_layout_and_cannot_be_swapped(small_mock, tmp_path, capsys):
     """``inference.sampler=numpyro`` (the baseline the sharded sampler is measured against)
     runs through fli-nuts as the sharded one does: chunks, checkpoints, a resume on another

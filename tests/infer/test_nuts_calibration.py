@@ -24,7 +24,7 @@ import pytest
 from fli.cli.common import compose
 from fli.cli.mock import main as mock_main
 from fli.cli.nuts import main as nuts_main
-from tests.posterior_setup import SMALL
+from tests.helpers.posterior import SMALL
 
 # a deep survey (sigma_e 0.05): the data then dominate the largest modes, so the check covers
 # a posterior far from the prior as well as modes left to it
@@ -44,7 +44,7 @@ def _mode_vectors(shape):
     return np.stack(out).astype(np.float32)  # [2 * len(MODES), nx, ny, nz], unit norm
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=50)
 def test_nuts_matches_the_gaussian_posterior_of_the_linear_forward(tmp_path):
     import arviz as az
     import zarr

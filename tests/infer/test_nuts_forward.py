@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
-import pytest
 import numpyro.distributions as dist
+import pytest
 from numpyro.infer import MCMC, NUTS
 
 from fli.cosmology import planck18
@@ -19,7 +19,7 @@ from fli.nbody import density, simulate
 from fli.sharding import make_mesh, to_field, white_noise
 
 
-@pytest.mark.slow  # ~2 min on 2 cores; tests/test_nuts.py samples the posterior in the default set
+@pytest.mark.slow(seconds=75)  # tests/infer/test_nuts.py samples the posterior in the default set
 def test_forward_model_under_nuts_on_8_devices():
     grid = Grid((8, 8, 8), (200.0, 200.0, 200.0), make_mesh((2, 4)), halo=2)
     a_steps = np.array([0.2, 0.6, 1.0])

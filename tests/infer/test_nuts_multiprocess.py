@@ -2,13 +2,16 @@
 
 The chain (SMALL posterior, float64, 3 warm-up + 3 draws in chunks of 3, tree depth <= 3,
 every draw's field kept) runs as 1 process x 4 devices and as 2 processes x 2 devices (pdims
-[2, 2] both) through each launcher; tree depths must be equal and positions agree to 1e-8. One
-U-turn decided differently would change a tree depth and separate the chains for good, so
-this tests that the multi-process program computes what the one-process program does.
-The multi-process programs of the three launchers are the same, so the second and third reuse
-the first's compiled programs through a compilation cache shared by the module.
+[2, 2] both); tree depths must be equal and positions agree to 1e-8. One U-turn decided
+differently would change a tree depth and separate the chains for good, so this tests that
+the multi-process program computes what the one-process program does. The program is the same
+whichever launcher starts the processes, so the chain runs under one (scripts/launch_local.py);
+what differs between launchers is how fli's start-up finds its peers (explicit overrides,
+Open MPI's or SLURM's variables), and that runs under every launcher with fli's start-up and a
+body of milliseconds (tests/helpers/hydra_probe.py): 2 processes, 4 devices, one run directory.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -23,8 +26,8 @@ import numpy as np
 import pytest
 
 from fli.infer.nuts import complete_chunks, read_chunks
-from tests.posterior_setup import SMALL
-from tests.test_multiprocess import ROOT, free_port
+from tests.helpers.posterior import SMALL
+from tests.helpers.processes import ROOT, free_port
 
 LAUNCH = [sys.executable, str(ROOT / "scripts" / "launch_local.py")]
 NUTS = [sys.executable, "-m", "fli.cli.nuts"]
@@ -92,19 +95,10 @@ def cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def mock(tmp_path_factory, cache):
-    from fli.cli.mock import main as mock_main
-
-    run = tmp_path_factory.mktemp("mock") / "run"
-    assert mock_main([*SMALL, f"run_dir={run}", f"compilation_cache={cache}"]) == 0
-    return run
-
-
-@pytest.fixture(scope="module")
-def one_process(mock, cache, tmp_path_factory):
+def one_process(small_mock, cache, tmp_path_factory):
     """The reference: 1 process x 4 CPU devices, pdims [2, 2]."""
     run = tmp_path_factory.mktemp("nuts") / "one"
-    r = subprocess.run([*NUTS, *SMALL, *CHAIN, f"mock={mock}", f"run_dir={run}", f"compilation_cache={cache}",
+    r = subprocess.run([*NUTS, *SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", f"compilation_cache={cache}",
                         "distributed.local_device_count=4"], capture_output=True, text=True, cwd=ROOT,
                        env=_env(), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -271,45 +265,66 @@ def _mpirun_env() -> dict:
     return env
 
 
-def _two_process_argv(launcher: str, args: list[str]) -> list[str]:
+def _two_process_argv(launcher: str, command: list[str], args: list[str]) -> list[str]:
     if launcher == "launch_local":
-        return [*LAUNCH, "-n", "2", "--devices-per-process", "2", "--", *NUTS, *args]
+        return [*LAUNCH, "-n", "2", "--devices-per-process", "2", "--", *command, *args]
     dev = ["distributed.local_device_count=2"]
     if launcher == "mpirun":
-        return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", *NUTS, *args, *dev]
-    return ["srun", "-n", "2", "-N", "1", "--overlap", "--kill-on-bad-exit=1", *NUTS, *args, *dev]
+        return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", *command, *args, *dev]
+    return ["srun", "-n", "2", "-N", "1", "--overlap", "--kill-on-bad-exit=1", *command, *args, *dev]
 
 
-@pytest.mark.slow  # 4-6 min each on 2 busy cores (load 7), plus ~2.5 min for the mock and the 1x4 reference
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("launcher", ["launch_local", "mpirun", "srun"])
-def test_two_processes_reproduce_the_one_process_chain(launcher, mock, one_process, cache, tmp_path, request):
-    """2 processes x 2 devices through ``launcher`` = 1 process x 4 devices, draw for draw."""
+def _launcher_env(launcher: str, request) -> dict:
     if launcher == "mpirun" and shutil.which("mpirun") is None:
         pytest.skip("Open MPI's mpirun is not installed (Debian: openmpi-bin)")
-    env = request.getfixturevalue("slurm") if launcher == "srun" else (
+    return request.getfixturevalue("slurm") if launcher == "srun" else (
         _mpirun_env() if launcher == "mpirun" else _env())
-    run = tmp_path / launcher
-    args = [*SMALL, *CHAIN, f"mock={mock}", f"run_dir={run}", f"compilation_cache={cache}"]
-    r = subprocess.run(_two_process_argv(launcher, args), capture_output=True, text=True, cwd=ROOT, env=env,
-                       timeout=900)
+
+
+@pytest.mark.slow(seconds=130)  # the 1 x 4 reference and the 2 x 2 chain, each compiling its programs
+@pytest.mark.multiprocess
+def test_two_processes_reproduce_the_one_process_chain(small_mock, one_process, cache, tmp_path):
+    """2 processes x 2 devices through scripts/launch_local.py = 1 process x 4 devices, draw for draw."""
+    run = tmp_path / "launch_local"
+    args = [*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", f"compilation_cache={cache}"]
+    r = subprocess.run(_two_process_argv("launch_local", NUTS, args), capture_output=True, text=True, cwd=ROOT,
+                       env=_env(), timeout=900)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     assert "2 process(es), 4 device(s)" in r.stdout + r.stderr
     compare_chains(one_process, run)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("launcher", ["launch_local", "mpirun", "srun"])
+def test_every_launcher_starts_two_processes_on_one_run_directory(launcher, tmp_path, request):
+    """fli's start-up (the same main_wrapper as fli-nuts) under ``launcher``, with no
+    coordinator given where the launcher has its own variables: both processes join one
+    jax.distributed run of 2 processes and 4 devices, and agree on one timestamped run
+    directory (process 0's) without run_dir."""
+    env = _launcher_env(launcher, request)
+    argv = _two_process_argv(launcher, [sys.executable, "-m", "tests.helpers.hydra_probe"],
+                             ["distributed.pdims=[2,2]"])
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    assert "2 process(es), 4 device(s)" in r.stdout + r.stderr
+    [run] = list((tmp_path / "outputs" / "probe").iterdir())
+    recs = [json.loads(p.read_text()) for p in sorted(run.glob("probe.*.json"))]
+    assert [p.name for p in sorted(run.glob("probe.*.json"))] == ["probe.0.json", "probe.1.json"]
+    assert {r["processes"] for r in recs} == {2} and len({r["pid"] for r in recs}) == 2, recs
+
+
 # --------------------------------------------------------------------------- a process that dies
 
 
-@pytest.mark.slow  # ~4 min on 2 busy cores (load 7), most of it start-up and compiling
+@pytest.mark.slow(seconds=70)  # most of it start-up and compiling
 @pytest.mark.multiprocess
-def test_a_killed_process_stops_its_peer_in_bounded_time(mock, cache, tmp_path):
+def test_a_killed_process_stops_its_peer_in_bounded_time(small_mock, cache, tmp_path):
     """No launcher watching (as under a bare mpirun or srun): 2 fli-nuts processes, rank 1
     SIGKILLed once the first chunk is written; rank 0 must exit non-zero within the heartbeat
     timeout (10 s here) plus a margin, saying that a task died. Measured: 9.1 s (SIGABRT)."""
     heartbeat = 10
     run, port = tmp_path / "run", free_port()
-    args = [*NUTS, *SMALL, *CHAIN, "inference.num_samples=300", f"mock={mock}", f"run_dir={run}",
+    args = [*NUTS, *SMALL, *CHAIN, "inference.num_samples=300", f"mock={small_mock}", f"run_dir={run}",
             f"compilation_cache={cache}", f"distributed.coordinator=127.0.0.1:{port}",
             "distributed.num_processes=2", "distributed.local_device_count=2"]
     env = _env(FLI_HEARTBEAT_TIMEOUT=str(heartbeat))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fli.sharding import hlo_collectives as collectives
-from tests.posterior_setup import small_posterior
+from tests.helpers.posterior import small_posterior
 
 # a field of 16 x 16 x 32 on (2, 4): blocks of 8 x 4 x 32 hold the halo of 2 comfortably
 FIELD16 = ["simulation.mesh=[16,16,32]"]
@@ -63,7 +63,7 @@ def gradient_collectives(post8):
     return ops
 
 
-@pytest.mark.slow  # ~40 s on 2 cores (an 8-device PM gradient and NUTS step compiled); keeps the default suite < 600 s
+@pytest.mark.slow(seconds=55)  # (an 8-device PM gradient and NUTS step compiled); keeps the default suite < 600 s
 def test_the_sharded_nuts_step_gathers_no_field(post8, gradient_collectives):
     """Every collective of the compiled NUTS step is one of the gradient's, one for one (NumPyro
     traces the leapfrog's gradient once, in the tree's loop), plus all-reduces of scalars:
@@ -75,7 +75,7 @@ def test_the_sharded_nuts_step_gathers_no_field(post8, gradient_collectives):
     assert extra and all(op == "all-reduce" and n <= post.layout.n_tail for op, n in extra), extra
 
 
-@pytest.mark.slow  # ~60 s on 2 cores: NumPyro's own layout compiled on 8 devices
+@pytest.mark.slow(seconds=35)  # NumPyro's own layout compiled on 8 devices
 def test_numpyros_own_layout_gathers_the_field(post8, gradient_collectives):
     """The comparison the sharded sampler exists for: NumPyro ravels (theta, field) into one
     replicated vector, so its step gathers the field (measured: 25 field-sized all-gathers)."""
@@ -101,12 +101,12 @@ def test_optax_inner_products_of_a_sharded_field_gather_nothing():
     assert isinstance(optimize.MENDED_VDOT, bool)
 
 
-@pytest.mark.slow  # ~140 s on 2 cores for both (an L-BFGS step holds three line-search gradients)
+@pytest.mark.slow(seconds=65)  # each (an L-BFGS step holds three line-search gradients)
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
 def test_the_map_step_gathers_no_field_and_its_state_stays_sharded(post8, optimizer):
     from fli.cli.common import compose
     from fli.infer.optimize import init_state, make_step
-    from tests.posterior_setup import SMALL
+    from tests.helpers.posterior import SMALL
 
     post, data, lat = post8
     cfg, _ = compose([*SMALL, *FIELD16, f"inference.map.optimizer={optimizer}"])
@@ -207,7 +207,7 @@ def test_the_sharded_kernel_follows_stock_numpyro_nuts_draw_for_draw():
     np.testing.assert_allclose(np.asarray(zs)[:, 0], np.asarray(zr), atol=1e-8)
 
 
-@pytest.mark.slow  # ~20 s on 2 cores (350 transitions of 8 chains): the default suite ran 686 s with it, cold
+@pytest.mark.slow(seconds=15)  # (350 transitions of 8 chains): the default suite ran 686 s with it, cold
 def test_the_float32_sharded_kernel_draws_the_gaussian_target():
     """The float32 kernel on 8 devices, 8 vectorised chains from over-dispersed starts, on
     independent normals of known scales: the draws' means and variances agree with the

@@ -14,12 +14,20 @@ import numpy as np
 import pytest
 
 from fli.config import Config, ConfigError, LensingConfig, NzBinConfig, SimulationConfig, SurveyConfig
-from fli.io import (COMPLETE, MockError, ObservationError, check_observation, load_mock, load_observation,
-                    mark_complete, write_arrays)
+from fli.io import (
+    COMPLETE,
+    MockError,
+    ObservationError,
+    check_observation,
+    load_mock,
+    load_observation,
+    mark_complete,
+    write_arrays,
+)
 from fli.sharding import make_mesh
 from fli.survey import N_Z, nz_bins_from_config
+from tests.helpers.processes import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "make_observation.py"
 NB, NPIX, FOV = 2, 8, 5.0
 MESH = [8, 8, 16]

@@ -18,8 +18,7 @@ import pytest
 from scipy.integrate import solve_ivp
 
 from fli import cosmology as fc
-
-from .conftest import ccl_cosmology
+from tests.helpers.physics import ccl_cosmology
 
 pyccl = pytest.importorskip("pyccl")
 

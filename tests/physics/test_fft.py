@@ -23,6 +23,7 @@ from fli.fft import (
     make_fft,
 )
 from fli.sharding import FIELD_SPEC, make_mesh
+from tests.helpers.processes import ROOT
 
 LAYOUTS = [(1, 1), (2, 2), (2, 4), (1, 8), (8, 1)]
 SHAPES = [(16, 8, 12), (8, 16, 9)]  # non-cubic; even and odd nz
@@ -292,7 +293,7 @@ def test_gradients_match_unsharded_jnp_fft():
 # --------------------------------------------------------------------------- NUTS
 
 
-@pytest.mark.slow  # ~20 s on 2 cores; tests/test_nuts.py samples the sharded posterior in the default set
+@pytest.mark.slow(seconds=15)  # tests/infer/test_nuts.py samples the sharded posterior in the default set
 def test_nuts_with_sharded_latent_and_pencil_fft():
     """The crash trap: XLA's CPU FFT inside NumPyro NUTS over a sharded model (DESIGN.md)."""
     numpyro = pytest.importorskip("numpyro")
@@ -361,7 +362,7 @@ def test_jaxdecomp_float64_with_global_x64():
     pytest.importorskip("jaxdecomp")
     env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(ROOT)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run(
         [sys.executable, "-c", _JD_X64_SCRIPT], env=env, cwd=root, capture_output=True, text=True, timeout=120

@@ -21,8 +21,7 @@ from fli.config import LensingConfig, NzBinConfig, SurveyConfig
 from fli.cosmology import comoving_distance, planck18
 from fli.grid import Grid
 from fli.sharding import make_mesh
-
-from .conftest import LAYOUTS, ccl_cosmology
+from tests.helpers.physics import LAYOUTS, ccl_cosmology
 
 COSMO = planck18()
 SHAPE, BOX = (16, 16, 32), (1000.0, 1000.0, 4000.0)

@@ -14,7 +14,7 @@ from fli.forward import build_forward, fiducial_cosmology
 from fli.sharding import white_noise
 
 
-@pytest.mark.parametrize("kind", ["pm", pytest.param("linear", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", ["pm", pytest.param("linear", marks=pytest.mark.slow(seconds=15))])
 def test_kappa_gradients_match_finite_differences(kind):
     with jax.enable_x64(True):
         cfg, _ = compose(["experiment=tiny", "simulation.mesh=[8,8,32]", "simulation.halo=2",

@@ -21,8 +21,7 @@ from fli.nbody import (
 )
 from fli.power import power_spectrum
 from fli.sharding import make_mesh, white_noise
-
-from .conftest import LAYOUTS
+from tests.helpers.physics import LAYOUTS
 
 SHAPE, BOX = (16, 16, 24), (320.0, 320.0, 480.0)  # non-cubic mesh and box
 A_STEPS = np.linspace(0.1, 1.0, 6)
@@ -36,7 +35,7 @@ def _run(pdims, adjoint="checkpoint", dtype="float32", shape=SHAPE, box=BOX, a_s
     return grid, st, density(st.disp, grid), maxd
 
 
-@pytest.mark.slow  # ~40 s on 2 cores; layout invariance of the mock stays in the default set
+@pytest.mark.slow(seconds=25)  # layout invariance of the mock stays in the default set
 def test_final_density_identical_on_every_layout():
     _, _, ref, _ = _run((1, 1))
     ref = np.asarray(ref)
@@ -92,7 +91,7 @@ def _loss_fn(grid, a_steps, adjoint):
     return loss
 
 
-@pytest.mark.slow  # ~40 s each on 2 cores; the FD test of kappa through PM (test_lensing_forward) stays default
+@pytest.mark.slow(seconds=20)  # the FD test of kappa through PM (test_lensing_forward) stays default
 @pytest.mark.parametrize("adjoint", ["checkpoint", "reversible"])
 def test_gradients_match_finite_differences(adjoint):
     with jax.enable_x64(True):
@@ -116,7 +115,7 @@ def test_gradients_match_finite_differences(adjoint):
         np.testing.assert_allclose(float(jnp.sum(g_s * v)), float(fd_s), rtol=1e-4)
 
 
-@pytest.mark.slow  # ~1 min on 2 cores
+@pytest.mark.slow(seconds=30)
 def test_reversible_adjoint_matches_autodiff_float64():
     with jax.enable_x64(True):
         shape, box = (8, 8, 12), (200.0, 200.0, 300.0)
@@ -131,7 +130,7 @@ def test_reversible_adjoint_matches_autodiff_float64():
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-4 * np.abs(a).max())
 
 
-@pytest.mark.slow  # ~20 s on 2 cores
+@pytest.mark.slow(seconds=10)
 def test_lpt_matches_linear_theory_at_early_times():
     """2LPT particles painted at a = 0.02 give D^2 P_lin once the lattice response is removed."""
     grid = Grid((32, 32, 32), (500.0,) * 3, make_mesh((2, 2)), halo=2)
@@ -174,7 +173,7 @@ def _growth_ratios(seeds, force_correction):
     return np.array(out)  # [seed, bin]: k = 0.008, 0.014, 0.020, 0.026 h/Mpc
 
 
-@pytest.mark.slow  # ~40 s on 2 cores
+@pytest.mark.slow(seconds=20)
 def test_pm_growth_large_scales_64():
     """The forward-model issue's growth target: 1 within 2% for k < 0.03 h/Mpc."""
     ratios = _growth_ratios(range(4), 0.25)

@@ -107,10 +107,10 @@ def _cosmo(omega_c):
 
 @pytest.mark.parametrize(("exchange", "pdims"), [
     ("jaxdecomp", (1, 2)),
-    pytest.param("jaxdecomp", (2, 2), marks=pytest.mark.slow),
-    pytest.param("ppermute", (2, 2), marks=pytest.mark.slow),
+    pytest.param("jaxdecomp", (2, 2), marks=pytest.mark.slow(seconds=15)),
+    pytest.param("ppermute", (2, 2), marks=pytest.mark.slow(seconds=15)),
 ])
-@pytest.mark.slow  # ~25 s on 2 cores
+@pytest.mark.slow(seconds=15)
 def test_cic_hvp_positions_masses_field(exchange, pdims, monkeypatch):
     """Mixed second derivatives of the paint (positions x masses) and of the read (positions x
     field), with the read's tangent split into slabs of one x row. The default run takes the
@@ -139,7 +139,7 @@ def test_cic_hvp_positions_masses_field(exchange, pdims, monkeypatch):
 # --------------------------------------------------------------------------- PM force
 
 
-@pytest.mark.slow  # ~35 s on 2 cores
+@pytest.mark.slow(seconds=10)
 @pytest.mark.parametrize("pdims", [(1, 1), (2, 2)])
 def test_pm_force_hvp_displacements_and_omega_c(pdims):
     grid = Grid(SHAPE, BOX, make_mesh(pdims), halo=HALO, dtype="float64")
@@ -198,13 +198,13 @@ def _check_simulation_hvp(pdims, adjoint, param, value, lpt_order, modes):
 # conditions and one device; the slow one checks both modes, Omega_c, 2LPT on a (2, 2) mesh.
 
 
-@pytest.mark.slow  # 30 s each on 2 cores
+@pytest.mark.slow(seconds=15)
 @pytest.mark.parametrize(("adjoint", "mode"), [("checkpoint", "reverse"), ("reversible", "forward")])
 def test_simulation_hvp_white_noise_and_sigma8(adjoint, mode):
     _check_simulation_hvp((1, 1), adjoint, "sigma8", 0.81, 1, (mode,))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=75)
 @pytest.mark.parametrize("adjoint", ["checkpoint", "reversible"])
 def test_simulation_hvp_white_noise_and_omega_c_sharded(adjoint):
     _check_simulation_hvp((2, 2), adjoint, "Omega_c", 0.26, 2, MODES)

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from fli.sharding import detect_launcher, field_sharding, make_mesh, parse_pdims, white_noise
-
-from .conftest import LAYOUTS
+from tests.helpers.physics import LAYOUTS
 
 
 def test_white_noise_bitwise_identical_on_every_layout():

@@ -1,0 +1,49 @@
+"""Launching worker processes from tests: the repository root, free ports, N processes at once,
+and the small PM forward that both sides of the multi-process comparison run."""
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def forward_density(pdims):
+    """The forward model used on both sides of the comparison: 2LPT + 4 PM steps."""
+    import jax  # noqa: PLC0415
+
+    from fli.cosmology import planck18  # noqa: PLC0415
+    from fli.grid import Grid  # noqa: PLC0415
+    from fli.nbody import density, simulate  # noqa: PLC0415
+    from fli.sharding import make_mesh, white_noise  # noqa: PLC0415
+
+    grid = Grid((16, 16, 24), (320.0, 320.0, 480.0), make_mesh(pdims), halo=2)
+    s = white_noise(3, grid.shape, grid.mesh)
+    f = jax.jit(lambda c, s: density(simulate(c, s, grid, np.linspace(0.1, 1.0, 5))[0].disp, grid))
+    return f(planck18(), s)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(argv_for, n=2, timeout=600, cwd=ROOT):
+    """Start n processes with argv_for(pid) in cwd; return their (rc, output)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS="")
+    procs = [subprocess.Popen(argv_for(i), cwd=cwd, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(n)]
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outs.append((p.returncode, out))
+    return outs
