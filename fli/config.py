@@ -64,7 +64,7 @@ class SimulationConfig:
     on_overflow: str = "raise"  # "raise" | "warn" when particles move further than the halo
     dtype: str = "float32"  # "float32" | "float64"
     fft_backend: str = "pencil"  # "pencil" | "jaxdecomp"
-    adjoint: str = "checkpoint"  # "checkpoint" | "reversible"
+    adjoint: str = "reversible"  # "reversible" | "checkpoint"
     force_correction: float = 0.25  # c in the PM force's 1 + c sum (k_i h_i)^2; 0 = off
     forward: str = "pm"  # "pm" (2LPT + FastPM) | "linear" (lens planes cut from D(a) delta_L)
 

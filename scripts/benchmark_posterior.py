@@ -290,6 +290,22 @@ def worker(job: dict) -> dict:
         for key in ("xla_total_mb", "transient_rss_mb", "run_peak_rss_mb_max"):
             if d.get(key) is not None and res[ref].get(key):
                 d[key.replace("_mb", "") + "_ratio"] = d[key] / res[ref][key]
+    # each starred variant against itself under the first adjoint named (the same round, then
+    # the median): what changing simulation.adjoint does to that computation
+    first = job["adjoints"][0]
+    for name, d in res.items():
+        if "[" not in name or name.endswith(f"[{first}]"):
+            continue
+        ref = name.split("[")[0] + f"[{first}]"
+        if ref not in res:
+            continue
+        d["adjoint_ratio_to"] = ref
+        d["adjoint_time_ratio"] = float(np.median(np.divide(d["times_s"], res[ref]["times_s"])))
+        d["adjoint_time_ratio_quartiles"] = [float(q) for q in
+                                             np.percentile(np.divide(d["times_s"], res[ref]["times_s"]), [25, 75])]
+        for key in ("xla_total_mb", "transient_rss_mb"):
+            if d.get(key) is not None and res[ref].get(key):
+                d["adjoint_" + key.replace("_mb", "") + "_ratio"] = d[key] / res[ref][key]
     return {
         "experiment": job["name"], "overrides": job["overrides"], "pdims": list(grid.pdims),
         "devices": jax.device_count(), "platform": jax.devices()[0].platform, "jax": jax.__version__,
@@ -313,7 +329,9 @@ def _source() -> dict:
         git = lambda *a: subprocess.run(["git", "-C", root, *a], capture_output=True, text=True,
                                         check=True).stdout.strip()
         out["commit"] = git("rev-parse", "HEAD")
-        out["modified"] = [ln[3:] for ln in git("status", "--porcelain", "--", "fli", "conf").splitlines()]
+        status = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "fli", "conf"], capture_output=True,
+                                text=True, check=True).stdout  # not stripped: each line's first column is its status
+        out["modified"] = [ln[3:] for ln in status.splitlines()]
     except (OSError, subprocess.CalledProcessError):
         pass
     return out
@@ -333,6 +351,12 @@ def print_table(r: dict) -> None:
               f"{_fmt(d['xla_total_mb'], '8.0f')} {_fmt(d.get('xla_total_ratio'), '5.2f')} "
               f"{_fmt(d.get('run_peak_rss_mb_max'), '8.0f')} {_fmt(d.get('transient_rss_mb'), '8.0f')} "
               f"{_fmt(d.get('transient_rss_ratio'), '6.2f')}", flush=True)
+    for name, d in r["variants"].items():
+        if "adjoint_ratio_to" in d:
+            q = d["adjoint_time_ratio_quartiles"]
+            print(f"{name:>34} over {d['adjoint_ratio_to']}: time {d['adjoint_time_ratio']:.2f} [{q[0]:.2f}, "
+                  f"{q[1]:.2f}], XLA buffers {_fmt(d.get('adjoint_xla_total_ratio'), '.2f')}, transient RSS "
+                  f"{_fmt(d.get('adjoint_transient_rss_ratio'), '.2f')}", flush=True)
 
 
 def main(argv=None) -> int:
