@@ -284,7 +284,7 @@ def test_harmonic_mean():
 # ---------------------------------------------------------------- a real chain
 
 
-@pytest.mark.slow(seconds=90)  # a second short chain beside the session's (tests/infer/conftest.py), and the report
+@pytest.mark.slow(seconds=35)  # a second short chain beside the session's (tests/infer/conftest.py), and the report
 def test_real_chains_of_the_small_mock(small_mock, chain, tmp_path):
     """Two fli-nuts chains of the small mock (the session's chain, seed 3, and one of seed 0),
     diagnosed: the report's numbers are ArviZ's on chains.nc, its draws are the runs'

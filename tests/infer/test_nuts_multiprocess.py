@@ -281,7 +281,7 @@ def _launcher_env(launcher: str, request) -> dict:
         _mpirun_env() if launcher == "mpirun" else _env())
 
 
-@pytest.mark.slow(seconds=130)  # the 1 x 4 reference and the 2 x 2 chain, each compiling its programs
+@pytest.mark.slow(seconds=185)  # the 1 x 4 reference and the 2 x 2 chain, each compiling its programs
 @pytest.mark.multiprocess
 def test_two_processes_reproduce_the_one_process_chain(small_mock, one_process, cache, tmp_path):
     """2 processes x 2 devices through scripts/launch_local.py = 1 process x 4 devices, draw for draw."""
@@ -316,7 +316,7 @@ def test_every_launcher_starts_two_processes_on_one_run_directory(launcher, tmp_
 # --------------------------------------------------------------------------- a process that dies
 
 
-@pytest.mark.slow(seconds=70)  # most of it start-up and compiling
+@pytest.mark.slow(seconds=95)  # most of it start-up and compiling
 @pytest.mark.multiprocess
 def test_a_killed_process_stops_its_peer_in_bounded_time(small_mock, cache, tmp_path):
     """No launcher watching (as under a bare mpirun or srun): 2 fli-nuts processes, rank 1
