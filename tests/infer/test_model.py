@@ -3,7 +3,6 @@
 import logging
 import math
 import re
-import sys
 from types import SimpleNamespace
 
 import jax
@@ -19,7 +18,7 @@ from fli.infer.model import Latents, build_posterior
 from fli.infer.priors import PriorTransform
 from fli.sharding import make_mesh, white_noise
 from tests.helpers.posterior import SMALL, small_posterior
-from tests.helpers.processes import ROOT, free_port, launch
+from tests.helpers.processes import run_workers
 
 
 def test_prior_transforms_carry_the_standard_normal_onto_each_prior():
@@ -143,12 +142,8 @@ def test_log_density_and_gradient_agree_across_layouts(pdims, one_device_value_a
 @pytest.mark.slow(seconds=35)  # tests/physics/test_multiprocess.py keeps a 2-process run in the default set
 def test_log_density_and_gradient_on_two_processes(tmp_path, one_device_value_and_grad):
     """2 processes x 2 CPU devices (gloo), pdims (2, 2), against one device in this process."""
-    port, out = free_port(), tmp_path / "vg.npz"
-    worker = str(ROOT / "tests" / "helpers" / "mp_posterior_worker.py")
-    res = launch(lambda i: [sys.executable, worker, str(port), "2", str(i), str(out)])
-    for rc, text in res:
-        assert rc == 0, text[-3000:]
-        assert "2 processes, 4 devices" in text
+    out = tmp_path / "vg.npz"
+    run_workers("mp_posterior_worker", out)
     got = np.load(out)
     _assert_same_value_and_grad(float(got["u"]), got["g_theta"], got["g_s"], one_device_value_and_grad)
 
