@@ -222,7 +222,7 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, state: Any, meta: dict, kee
         ``ckpt_dir/<step>``.
     """
     step, keep = _check_int("step", step, 0), _check_int("keep", keep, 1)
-    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir = Path(ckpt_dir).absolute()  # orbax takes absolute paths only; run_dir= may be relative
     flat, _ = jax.tree_util.tree_flatten_with_path(state)
     records, values = [], {}
     for name, (kp, leaf) in zip(_names(len(flat)), flat):
@@ -291,7 +291,7 @@ def read_meta(ckpt_dir: str | Path, step: int | None = None) -> dict:
 
 
 def _resolve(ckpt_dir: str | Path, step: int | None) -> tuple[Path, int]:
-    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir = Path(ckpt_dir).absolute()  # as save_checkpoint: orbax takes absolute paths only
     if step is None:
         step = latest_step(ckpt_dir)
         if step is None:

@@ -118,6 +118,19 @@ def test_round_trip_bitwise_on_any_layout(tmp_path, saved, restored):
     assert read_meta(tmp_path, 3) == got_meta
 
 
+def test_a_relative_checkpoint_directory_round_trips(tmp_path, monkeypatch):
+    """run_dir=outputs/map/tiny (the README's own example) gives a relative checkpoint
+    directory; orbax takes only absolute paths ("Checkpoint path should be absolute"), so
+    fli-map crashed at its first checkpoint. Saved and restored from the working directory."""
+    monkeypatch.chdir(tmp_path)
+    state = make_state(make_mesh((2, 4)))
+    path = save_checkpoint("run/checkpoints", 1, state, {"step": 1})
+    assert path == (tmp_path / "run" / "checkpoints" / "1") and latest_step("run/checkpoints") == 1
+    got, meta = restore_checkpoint("run/checkpoints", None, target_on(make_mesh((2, 4))))
+    assert_tree_bitwise(got, state)
+    assert meta == {"step": 1} and read_meta("run/checkpoints", 1) == meta
+
+
 def test_layout_of_a_complete_checkpoint(tmp_path):
     save_checkpoint(tmp_path, 0, {"a": jnp.ones(3)}, {"why": "layout"})
     step = tmp_path / "0"
