@@ -113,9 +113,10 @@ def worker(job: dict) -> dict:
     from fli.host import release_freed_memory  # noqa: PLC0415
     from fli.infer.model import Latents, build_posterior, make_data  # noqa: PLC0415
     from fli.lensing import MAP_SPEC, born_convergence, born_weights, plane_hook  # noqa: PLC0415
+    from fli.mock import add_shape_noise  # noqa: PLC0415
     from fli.nbody import density, simulate, step_coefficients  # noqa: PLC0415
     from fli.sharding import white_noise  # noqa: PLC0415
-    from fli.survey import add_noise, noise_sigma  # noqa: PLC0415
+    from fli.survey import noise_sigma  # noqa: PLC0415
 
     base_rss = _status_mb("VmRSS")
     cfg, _ = compose(job["overrides"])
@@ -138,7 +139,7 @@ def worker(job: dict) -> dict:
         raise RuntimeError(f"particles moved {max_disp:.2f} cells at the truth, more than simulation.halo = "
                            f"{grid.halo}: the run is invalid")
     sigma = noise_sigma(cfg.survey, cfg.lensing.fov_deg, cfg.lensing.npix)
-    noisy = add_noise(jax.random.fold_in(jax.random.key(cfg.seed), 1), kappa, sigma, None)
+    noisy = add_shape_noise(cfg.seed, kappa, sigma, None)  # fli-mock's shape noise
     data = make_data(SimpleNamespace(kappa_obs=noisy.kappa, noise_sigma=np.asarray(noisy.sigma), mask=None), fwd0)
     lat = Latents(theta, s)
 

@@ -5,8 +5,10 @@ Each study compiles its jitted functions ONCE per configuration (one Posterior, 
 step from :func:`fli.infer.optimize.make_step`, compiled ahead of time) and loops over mock
 seeds by changing only the data and the initial latents (same shapes: no recompilation).
 Mocks are made as ``fli-mock`` makes them: the posterior's own forward ``post.fwd`` at the
-truth cosmology on ``fli.sharding.white_noise(seed, ...)``, plus shape noise from
-``fli.survey.add_noise`` with the key ``fold_in(key(seed), 1)``.
+truth cosmology on ``fli.sharding.white_noise(seed, ...)``, plus the mock's shape noise
+``fli.mock.add_shape_noise(seed, ...)``. ``fli.mock.make_mock`` itself is not called: it builds
+and compiles a forward at the config's truth for every mock, while this script jits ``post.fwd``
+once and varies the truth.
 
 Usage (each flag runs one study, writes ``docs/bench/map_study_<name>.json`` and prints a table)::
 
@@ -104,9 +106,9 @@ class Setup:
 
     def data(self, kappa, sigma, seed: int):
         from fli.infer.model import make_data
-        from fli.survey import add_noise
+        from fli.mock import add_shape_noise
 
-        noisy = add_noise(jax.random.fold_in(jax.random.key(seed), 1), kappa, sigma)
+        noisy = add_shape_noise(seed, kappa, sigma)
         return make_data(SimpleNamespace(kappa_obs=noisy.kappa, noise_sigma=noisy.sigma, mask=None), self.post.fwd)
 
     def theta_of(self, truth: dict):

@@ -1,158 +1,19 @@
 """``fli-mock``: draw the truth, run the forward model, add shape noise, write the observation.
 
-Writes into its run directory: ``config.yaml`` (resolved), ``mock.zarr`` (see
-:mod:`fli.io`; readable with :func:`fli.io.load_mock` on any device layout), ``summary.json``
-and figures (``kappa_maps.png``, ``matter_power.png``, ``kappa_cl.png``).
+The command around :func:`fli.mock.make_mock` and :func:`fli.mock.write_mock`, which write into
+its run directory: ``config.yaml`` (resolved), ``mock.zarr`` (see :mod:`fli.io`; readable with
+:func:`fli.io.load_mock` on any device layout), ``summary.json`` and figures (``kappa_maps.png``,
+``matter_power.png``, ``kappa_cl.png``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import time
 from pathlib import Path
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-import yaml
 
 from fli.cli.common import main_wrapper
 from fli.config import Config, ConfigError
-
-
-def make_mock(cfg: Config, log: logging.Logger | None = None) -> dict:
-    """Run the forward model (:func:`fli.forward.build_forward`, the one the likelihood uses)
-    at the config's truth, add shape noise; returns the arrays and diagnostics."""
-    from fli.forward import build_forward, fiducial_cosmology  # noqa: PLC0415
-    from fli.painting import check_halo  # noqa: PLC0415
-    from fli.sharding import white_noise  # noqa: PLC0415
-    from fli.survey import add_noise, load_mask, noise_sigma  # noqa: PLC0415
-
-    log = log or logging.getLogger("fli")
-    fwd = build_forward(cfg)
-    cosmo, grid, geom = fiducial_cosmology(cfg), fwd.grid, fwd.geometry
-    a_steps = np.asarray(geom.a_steps(fwd.a_start))
-    try:
-        mask = load_mask(cfg.survey, cfg.lensing.npix)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    log.info("grid %s cells over %s Mpc/h on pdims %s; %d lens planes to r = %.0f Mpc/h; %d PM steps "
-             "a = %.3f -> %.3f (%s forward, %s light cone)", grid.shape, grid.box, grid.pdims, geom.n_used,
-             geom.plane_r[-1] + geom.dr / 2, len(a_steps) - 1, a_steps[0], a_steps[-1], fwd.kind, fwd.lightcone)
-    if geom.replicated:
-        log.warning("%s", geom.replication_note())
-    noise = white_noise(cfg.seed, grid.shape, grid.mesh, dtype=grid.jdtype)
-    forward = jax.jit(lambda c, s: fwd(c, s, return_density=True))
-
-    t0 = time.perf_counter()
-    log.info("compiling and running the forward model (%s, %d lens planes, Born projection)...",
-             "2LPT + %d PM steps" % (len(a_steps) - 1) if fwd.kind == "pm" else "linear", geom.n_used)
-    kappa, aux = forward(cosmo, noise)
-    jax.block_until_ready(kappa)
-    t1 = time.perf_counter()
-    max_disp = float(np.max(np.asarray(aux.max_disp)))
-    log.info("forward model done in %.1f s; largest transverse displacement %.2f cells (halo %d)",
-             t1 - t0, max_disp, grid.halo)
-    try:
-        check_halo(max_disp, grid.halo, cfg.simulation.on_overflow)
-    except ValueError as e:
-        raise ConfigError(f"simulation.halo: {e}") from None
-    sigma = noise_sigma(cfg.survey, cfg.lensing.fov_deg, cfg.lensing.npix)
-    key = jax.random.fold_in(jax.random.key(cfg.seed), 1)  # independent of the white-noise stream
-    noisy = add_noise(key, kappa, sigma, mask)
-    return dict(cosmo=cosmo, grid=grid, geom=geom, bins=list(fwd.bins), a_steps=a_steps, white_noise=noise,
-                kappa_true=kappa, kappa_obs=noisy.kappa, noise_sigma=np.asarray(noisy.sigma),
-                mask=None if mask is None else noisy.mask, density=aux.density, max_disp=max_disp,
-                forward_s=t1 - t0)
-
-
-def write_mock(run_dir: Path, cfg: Config, resolved: dict, m: dict, log: logging.Logger) -> Path:
-    """Write the mock into ``run_dir`` (arrays per process, COMPLETE marker last) and figures."""
-    from fli.io import FORMAT_VERSION, MOCK_NAME, mark_complete, write_arrays  # noqa: PLC0415
-
-    run_dir = Path(run_dir)
-    if jax.process_index() == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
-    truth = {k: float(v) for k, v in dataclasses.asdict(cfg.cosmology).items()}
-    arrays = {"kappa_obs": m["kappa_obs"], "kappa_true": m["kappa_true"], "white_noise": m["white_noise"],
-              "noise_sigma": m["noise_sigma"]}
-    if m["mask"] is not None:
-        arrays["mask"] = np.asarray(m["mask"])
-    # the n(z) tables of the bins that made it: a mock is an observation (docs/observation.md)
-    arrays["nz_z"] = np.stack([np.asarray(b.z) for b in m["bins"]])
-    arrays["nz"] = np.stack([np.asarray(b.nz) for b in m["bins"]])
-    geom = m["geom"]
-    attrs = {"fli_format": FORMAT_VERSION, "truth": truth, "config": resolved, "seed": cfg.seed,
-             "fov_deg": float(cfg.lensing.fov_deg), "npix": int(cfg.lensing.npix),
-             "n_gal": [float(b.n_gal) for b in m["bins"]],
-             "plane_r": geom.plane_r.tolist(), "plane_a": geom.plane_a.tolist(),
-             "a_steps": np.asarray(m["a_steps"]).tolist(), "units": {
-                 "kappa": "convergence (dimensionless)", "white_noise": "unit Gaussian per cell",
-                 "noise_sigma": "convergence per pixel", "nz_z": "redshift", "nz": "per unit redshift",
-                 "n_gal": "arcmin^-2", "plane_r": "Mpc/h", "fov": "deg", "fov_deg": "deg"}}
-    path = run_dir / MOCK_NAME
-    write_arrays(path, arrays, attrs)
-    figures = make_figures(run_dir, cfg, m)  # collective: every process computes, process 0 draws
-    summary = {"max_disp_cells": m["max_disp"], "forward_s": m["forward_s"],
-               "noise_sigma": m["noise_sigma"].tolist(), "n_planes_used": geom.n_used,
-               "processes": jax.process_count(), "devices": jax.device_count(), "figures": figures,
-               "replication": geom.replication_note()}
-    if jax.process_index() == 0:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    mark_complete(path, summary)
-    log.info("mock written to %s", path)
-    return path
-
-
-def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
-    """kappa maps, matter P(k) against linear theory, kappa C_ell against Limber.
-
-    The spectra of sharded fields are collectives, so every process runs this; only process 0
-    draws and writes. Returns the figure paths.
-    """
-    from fli import plots  # noqa: PLC0415
-    from fli.cosmology import linear_power  # noqa: PLC0415
-    from fli.limber import limber_cl_planes, map_power_spectrum  # noqa: PLC0415
-    from fli.lpt import linear_field  # noqa: PLC0415
-    from fli.power import power_spectrum  # noqa: PLC0415
-    from fli.sharding import process_allgather  # noqa: PLC0415
-
-    grid, geom, cosmo = m["grid"], m["geom"], m["cosmo"]
-    kt = process_allgather(m["kappa_true"])
-    ko = process_allgather(m["kappa_obs"])
-    a_end = float(m["a_steps"][-1])
-    k, p_sim, _ = power_spectrum(m["density"] - 1.0, grid.fft, grid.box)
-    _, p_lin, _ = power_spectrum(linear_field(cosmo, m["white_noise"], grid, a_end), grid.fft, grid.box)
-    k = np.asarray(k)
-    p_th = np.asarray(linear_power(cosmo, jnp.asarray(k), a_end))
-    k_nyq = float(np.pi / np.max(grid.cell))
-    p_sim, p_lin = np.asarray(p_sim), np.asarray(p_lin)
-    ell, cl, _ = map_power_spectrum(kt, cfg.lensing.fov_deg, n_bins_ell=max(4, cfg.lensing.npix // 4),
-                                    taper=0.5)  # taper: the patch is not periodic
-    ok = np.isfinite(ell) & np.all(np.isfinite(cl), axis=0)
-    ell, cl = np.asarray(ell)[ok], np.asarray(cl)[:, ok]
-    ell_t = np.geomspace(max(ell.min() / 2, 1.0), ell.max() * 1.5, 60)
-    # what the PM map should see: plane-sum Limber with the CIC paint + bilinear read windows
-    cl_th = np.asarray(limber_cl_planes(cosmo, m["bins"], ell_t, geom, mesh_window=8))
-    cl_th = np.stack([cl_th[b, b] for b in range(cl_th.shape[0])])
-    cl_cont = np.asarray(limber_cl_planes(cosmo, m["bins"], ell_t, geom))
-    cl_cont = np.stack([cl_cont[b, b] for b in range(cl_cont.shape[0])])
-    a_pix_sr = (np.deg2rad(cfg.lensing.fov_deg) / cfg.lensing.npix) ** 2
-    noise_cl = (m["noise_sigma"] ** 2 * a_pix_sr)[:, None] * np.ones_like(ell_t)[None, :]
-    ell_lo = 2 * np.pi / np.deg2rad(cfg.lensing.fov_deg)
-    ell_hi = 0.5 * np.pi * cfg.lensing.npix / np.deg2rad(cfg.lensing.fov_deg)
-    if jax.process_index() != 0:
-        return {}
-    return {
-        "kappa_maps": str(plots.kappa_maps(kt, ko, cfg.lensing.fov_deg, run_dir / "kappa_maps.png")),
-        "matter_power": str(plots.matter_power(k, p_sim, p_lin, p_th, a_end, run_dir / "matter_power.png",
-                                               k_nyq=k_nyq)),
-        "kappa_cl": str(plots.kappa_cl(ell, cl, cl_cont, noise_cl, run_dir / "kappa_cl.png", ell_theory=ell_t,
-                                       ell_range=(ell_lo, ell_hi), cl_windowed=cl_th)),
-    }
+from fli.mock import make_mock, write_mock
 
 
 def _body(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> None:

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from fli.cli.common import compose
-from fli.cli.mock import main, make_mock
+from fli.cli.mock import main
 from fli.io import COMPLETE, MockError, load_mock, write_arrays
+from fli.mock import add_shape_noise, make_mock
 from fli.sharding import make_mesh, process_allgather
 from tests.helpers.physics import ccl_cosmology
 from tests.helpers.processes import ROOT, free_port, launch
@@ -43,6 +44,9 @@ def test_cli_writes_a_complete_mock_with_figures(mock_dir):
     resid = (m.kappa_obs - m.kappa_true) / m.noise_sigma[:, None, None]
     # 2 x 256 unit Gaussians: std within 5 sigma of its sampling error (1/sqrt(2 * 512))
     assert abs(resid.std() - 1) < 5 / np.sqrt(2 * resid.size)
+    # ... and it is add_shape_noise of the seed, which scripts use to remake a mock's data
+    np.testing.assert_array_equal(np.asarray(add_shape_noise(cfg.seed, m.kappa_true, m.noise_sigma).kappa),
+                                  m.kappa_obs)
     # the convergence is a signal, not zeros: its rms is of order 1e-3 on these scales
     assert 1e-4 < m.kappa_true.std() < 1e-1
     summary = json.loads((mock_dir / "summary.json").read_text())

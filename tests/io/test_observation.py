@@ -275,11 +275,11 @@ def test_observation_without_truth_is_not_a_mock(tmp_path):
 
 
 def test_write_mock_output_is_an_observation_with_truth(tmp_path, monkeypatch):
-    """fli-mock's writer (figures stubbed out) gives a group that load_observation reads, with
+    """fli.mock.write_mock (figures stubbed out) gives a group that load_observation reads, with
     the n(z) of the bins that made it, bitwise."""
-    from fli.cli import mock as cli_mock
+    from fli import mock as fli_mock
 
-    monkeypatch.setattr(cli_mock, "make_figures", lambda run_dir, cfg, m: {})
+    monkeypatch.setattr(fli_mock, "make_figures", lambda run_dir, cfg, m: {})
     cfg = analysis_cfg()
     rng = np.random.default_rng(2)
     bins = nz_bins_from_config(cfg.survey)
@@ -290,7 +290,7 @@ def test_write_mock_output_is_an_observation_with_truth(tmp_path, monkeypatch):
              noise_sigma=np.array([0.02, 0.03]), mask=None, bins=bins, geom=geom, a_steps=np.array([0.1, 1.0]),
              max_disp=0.5, forward_s=1.0)
     resolved = {"simulation": {"mesh": MESH, "box": BOX}, "lensing": {"npix": NPIX, "fov_deg": FOV}}
-    path = cli_mock.write_mock(tmp_path / "run", cfg, resolved, m, logging.getLogger("test"))
+    path = fli_mock.write_mock(tmp_path / "run", cfg, resolved, m, logging.getLogger("test"))
     obs = load_observation(path.parent)
     assert obs.has_truth and obs.fov_deg == FOV and obs.attrs["npix"] == NPIX
     for got, made in zip(obs.nz_bins, bins):
