@@ -23,7 +23,6 @@ compares an observation with the analysis config.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import shutil
 import warnings
@@ -38,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Bool, Float
 
+from fli.files import barrier, jsonable, write_json
 from fli.survey import N_Z, NzBin, table_bin
 
 # Version 1 gained nz_z, nz, fov_deg and npix without being bumped: the change only adds
@@ -71,13 +71,6 @@ class ObservationError(MockError, ValueError):
     exit status 2, and a ``ValueError``."""
 
 
-def _barrier(name: str) -> None:
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils  # noqa: PLC0415
-
-        multihost_utils.sync_global_devices(name)
-
-
 def _spec_for(ndim: int, leading: int) -> P:
     """``P(None,..., 'x', 'y', None...)`` with ``leading`` unsharded axes before x and y."""
     return P(*([None] * leading), "x", "y", *([None] * (ndim - leading - 2)))
@@ -102,8 +95,8 @@ def write_arrays(path: Path, arrays: Mapping[str, jax.Array | np.ndarray], attrs
         for name, arr in arrays.items():
             chunks = _chunk_shape(arr)
             root.create_array(name, shape=arr.shape, chunks=chunks, dtype=np.dtype(arr.dtype))
-        root.attrs.update(_jsonable(dict(attrs)))
-    _barrier("fli-io-created")
+        root.attrs.update(jsonable(dict(attrs)))
+    barrier("fli-io-created")
     root = zarr.open_group(str(path), mode="r+")
     for name, arr in arrays.items():
         z = root[name]
@@ -113,7 +106,7 @@ def write_arrays(path: Path, arrays: Mapping[str, jax.Array | np.ndarray], attrs
                     z[shard.index] = np.asarray(shard.data)
         elif jax.process_index() == 0:
             z[...] = np.asarray(arr)
-    _barrier("fli-io-written")
+    barrier("fli-io-written")
 
 
 def _chunk_shape(arr) -> tuple[int, ...]:
@@ -122,18 +115,11 @@ def _chunk_shape(arr) -> tuple[int, ...]:
     return tuple(int(s) for s in np.shape(arr)) or (1,)
 
 
-def _jsonable(obj):
-    return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
-
-
 def mark_complete(path: Path, summary: Mapping[str, Any]) -> None:
     """Write the ``COMPLETE`` marker (process 0, after all writes)."""
-    _barrier("fli-io-before-complete")
-    if jax.process_index() == 0:
-        tmp = Path(path) / (COMPLETE + ".tmp")
-        tmp.write_text(json.dumps(_jsonable(dict(summary)), indent=1))
-        tmp.rename(Path(path) / COMPLETE)
-    _barrier("fli-io-complete")
+    barrier("fli-io-before-complete")
+    write_json(Path(path) / COMPLETE, jsonable(dict(summary)))
+    barrier("fli-io-complete")
 
 
 def write_observation(path: str | Path,

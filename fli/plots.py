@@ -11,12 +11,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def _plt():
+def pyplot():
     """pyplot, with the Agg backend chosen above."""
     return plt
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     """Write ``fig`` to ``path`` (written aside, then renamed) and close it."""
     path = Path(path)
     tmp = path.with_name(path.stem + ".tmp" + path.suffix)

@@ -267,6 +267,14 @@ def process_allgather(x: jax.Array) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
+def replicated_to_host(x) -> np.ndarray:
+    """A replicated (or fully addressable) array as numpy on every process, without a
+    collective: a replicated array's first local copy is the whole of it."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return np.asarray(x.addressable_data(0))
+    return np.asarray(x)
+
+
 def n_devices_needed(pdims: Sequence[int]) -> int:
     return math.prod(parse_pdims(pdims))
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def nuts_stats(runs: list[str]) -> dict:
     import numpy as np  # noqa: PLC0415
 
-    from fli.infer.nuts import read_chunks  # noqa: PLC0415
+    from fli.infer.run_store import read_chunks  # noqa: PLC0415
 
     chains = [read_chunks(r) for r in runs]
     n = min(c["stats"]["n_steps"].size for c in chains)
@@ -49,8 +49,10 @@ def timing(mock: str, overrides: list[str], chains: list[int], draws: int, steps
     import jax  # noqa: PLC0415
 
     from fli.cli.common import compose  # noqa: PLC0415
+    from fli.infer.chunk import make_chunk, zero_accum  # noqa: PLC0415
     from fli.infer.map import prepare  # noqa: PLC0415
-    from fli.infer.nuts import _kernel, chain_keys, initial_point, make_chunk, zero_accum  # noqa: PLC0415
+    from fli.infer.sample import kernel_of  # noqa: PLC0415
+    from fli.infer.start import chain_keys, initial_point  # noqa: PLC0415
     from fli.power import default_kedges  # noqa: PLC0415
 
     log = logging.getLogger("bench")
@@ -59,7 +61,7 @@ def timing(mock: str, overrides: list[str], chains: list[int], draws: int, steps
             f"inference.field_thin={draws}"]
     cfg, _ = compose(over)
     obs, post, data = prepare(cfg, log, compare_truth=False)
-    kernel = _kernel(cfg, post)
+    kernel = kernel_of(cfg, post)
     kedges = default_kedges(post.fwd.grid.fft, post.fwd.grid.box)
     progs, states = {}, {}
     for c in chains:

@@ -79,7 +79,7 @@ def memory_one(overrides: list[str], pdims: tuple[int, int], sampler: str, depth
     z0 = jax.ShapeDtypeStruct((1, lay.size), grid.jdtype,
                               sharding=jax.NamedSharding(grid.mesh, jax.P(None, *lay.sharding.spec)))
     keys = jax.ShapeDtypeStruct((1, 2), jnp.uint32, sharding=jax.NamedSharding(grid.mesh, jax.P()))
-    state = kernel.state_template(z0, keys, data)
+    state = kernel.template(z0, keys, data)
     step = jax.jit(lambda s, d: jax.vmap(kernel.step, in_axes=(0, None))(s, d))
     field, fbytes = grid.n_cells, grid.n_cells * np.dtype(grid.dtype).itemsize
     t = time.perf_counter()
@@ -129,13 +129,14 @@ def overhead(args) -> dict:
 
     from fli.cli.common import compose  # noqa: PLC0415
     from fli.infer.map import prepare  # noqa: PLC0415
-    from fli.infer.nuts import _kernel, chain_keys, initial_point  # noqa: PLC0415
+    from fli.infer.sample import kernel_of  # noqa: PLC0415
+    from fli.infer.start import chain_keys, initial_point  # noqa: PLC0415
 
     log = logging.getLogger("bench")
     cfg, _ = compose([*args.overrides, f"mock={args.mock}", f"inference.max_tree_depth={args.depth}",
                       "inference.num_warmup=0", "inference.step_size=0.05"])
     obs, post, data = prepare(cfg, log, compare_truth=False)
-    kernel = _kernel(cfg, post)
+    kernel = kernel_of(cfg, post)
     k_inits, k_kernels = chain_keys(cfg.seed, 1)
     z, _ = initial_point(cfg, post, obs, k_inits[0], log)
     state = kernel.init(z[None], k_kernels, data)

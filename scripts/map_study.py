@@ -58,9 +58,6 @@ def log(*a):
     print(time.strftime("%H:%M:%S"), *a, flush=True)
 
 
-def s8(oc, s8_, ob):
-    return s8_ * math.sqrt((oc + ob) / 0.3)
-
 
 # ============================================================================ setup
 
@@ -161,9 +158,11 @@ class Setup:
         return {"Omega_c": p["Omega_c"], "sigma8": p["sigma8"], "S8": p["S8"], "Omega_m": p["Omega_m"]}
 
     def truth_phys(self, truth: dict) -> dict:
+        from fli.infer.params import with_derived
+
         ob = float(self.post.base.Omega_b)
         return {"Omega_c": truth["Omega_c"], "sigma8": truth["sigma8"],
-                "S8": s8(truth["Omega_c"], truth["sigma8"], ob), "Omega_m": truth["Omega_c"] + ob}
+                "S8": float(with_derived({**truth, "Omega_b": ob})["S8"]), "Omega_m": truth["Omega_c"] + ob}
 
     # -- Laplace --------------------------------------------------------------------------
     def laplace(self, lat, data):
@@ -421,6 +420,7 @@ def wiener_curves(s: Setup, kts, sigma):
 
 def study_recovery(s: Setup, seeds, steps, out_path):
     from fli.infer.map import truth_metrics
+    from fli.infer.summaries import linear_field_of, truth_linear_field
 
     truth = dict(PLANCK)
     sig = s.sigma(1.0)
@@ -433,7 +433,8 @@ def study_recovery(s: Setup, seeds, steps, out_path):
         run, _, sec, err = s.fit(mj, data)
         kap = s.predict_j(run.params)
         obs = SimpleNamespace(truth={**truth, "Omega_b": float(s.post.base.Omega_b)}, white_noise=w, kappa_true=kt)
-        met = truth_metrics(s.post, run.params, obs, kap)
+        lin = (linear_field_of(s.post, run.params.theta, run.params.s), truth_linear_field(s.post, obs))
+        met = truth_metrics(s.post, lin, obs, kap)
         rows.append({"seed": seed, "params": s.phys(run.params.theta), "steps": run.step,
                      "converged": run.below_tol >= mj.patience, "seconds": sec, "metrics": met, "error_msg": err})
         log(f"recovery seed {seed}: steps {run.step} ({sec:.0f} s) ell_r_half {met['kappa']['ell_r_half']} "

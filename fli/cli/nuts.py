@@ -2,7 +2,7 @@
 
 ``fli-nuts mock=<fli-mock run dir or observation dir> [init=prior|truth|<fli-map run dir>]
 [overrides]``; resumable: started again on the same ``run_dir`` it continues after the last
-complete chunk. See :mod:`fli.infer.nuts` for what it writes and docs/nuts.md for how to use it.
+complete chunk. See :mod:`fli.infer.sample` for what it writes and docs/nuts.md for how to use it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fli.config import Config
 
 
 def _body(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> None:
-    from fli.infer.nuts import run_nuts  # noqa: PLC0415
+    from fli.infer.sample import run_nuts  # noqa: PLC0415
 
     run_nuts(cfg, resolved, run_dir, log)
 

@@ -10,10 +10,8 @@ Public API (every function is called by every process of a ``jax.distributed`` r
 * :func:`restore_checkpoint` ``(ckpt_dir, step | None, target) -> (state, meta)`` reads one back onto
   the shardings of ``target``, which may be another device layout than the one saved;
 * :func:`read_meta` ``(ckpt_dir, step=None) -> dict`` reads only ``meta`` (e.g. the saved
-  config, to pass to :func:`check_resumable` before a target is built);
+  config, to pass to :func:`fli.infer.config_keys.check_resumable` before a target is built);
   :func:`step_path` ``(ckpt_dir, step) -> Path`` is ``ckpt_dir/<step>``;
-* :func:`check_resumable` ``(saved, current, may_change=(), *, where=None)`` refuses to resume a run whose
-  resolved config changed outside the keys that may change between runs.
 
 Layout of ``ckpt_dir`` (orbax 0.12.8, synchronous ``Checkpointer`` over a
 ``CompositeCheckpointHandler``; POSIX file systems commit by an atomic rename)::
@@ -60,11 +58,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import re
 import shutil
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fli.config import ConfigError
-from fli.io import _barrier, _jsonable
+from fli.files import barrier, jsonable
 from fli.sharding import get_logger
 
 FORMAT_VERSION = 1
@@ -231,12 +228,12 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, state: Any, meta: dict, kee
         records.append({"path": path} | rec)
         values[name] = value
     sidecar = {"fli_checkpoint": FORMAT_VERSION, "step": step, "process_count": jax.process_count(),
-               "meta": _jsonable(dict(meta)), "leaves": records}
+               "meta": jsonable(dict(meta)), "leaves": records}
     final = step_path(ckpt_dir, step)
 
     if jax.process_index() == 0:
         _remove_stale(ckpt_dir)
-    _barrier("fli-ckpt-clean")
+    barrier("fli-ckpt-clean")
     with _quiet_orbax():
         ocp, ckptr = _checkpointer()
         items = {META_ITEM: ocp.args.JsonSave(sidecar)}
@@ -247,7 +244,7 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, state: Any, meta: dict, kee
     if jax.process_index() == 0:
         _prune(ckpt_dir, step, keep)
         _log.info("checkpoint %d saved in %s (%d leaves)", step, final, len(records))
-    _barrier("fli-ckpt-saved")
+    barrier("fli-ckpt-saved")
     return final
 
 
@@ -288,6 +285,13 @@ def read_meta(ckpt_dir: str | Path, step: int | None = None) -> dict:
         CheckpointError: no such complete checkpoint, or its JSON is unreadable.
     """
     return _read_sidecar(_resolve(ckpt_dir, step)[0])["meta"]
+
+
+def read_leaves(ckpt_dir: str | Path, step: int | None = None) -> list[dict]:
+    """The saved leaves' records of checkpoint ``step`` (None: the latest complete one): each
+    ``{"path", "kind", "shape", "dtype", ...}``, in tree order."""
+    path, _ = _resolve(ckpt_dir, step)
+    return _read_sidecar(path)["leaves"]
 
 
 def _resolve(ckpt_dir: str | Path, step: int | None) -> tuple[Path, int]:
@@ -443,70 +447,3 @@ def _finish(rec: dict, value, leaf):
     if isinstance(leaf, np.ndarray):
         return np.asarray(value)
     return value
-
-
-# --------------------------------------------------------------------------- config check
-
-_ABSENT = object()
-
-
-def check_resumable(saved: dict, current: dict, may_change: Sequence[str] = (), *,
-                    where: str | None = None) -> None:
-    """Refuse to resume when the resolved config changed outside ``may_change``.
-
-    Args:
-        saved: the resolved config stored in the checkpoint's meta (nested plain dicts/lists).
-        current: this run's resolved config (``OmegaConf.to_container(cfg, resolve=True)``).
-        may_change: dotted key prefixes that may differ, e.g. ``("inference.map_steps",
-            "run_dir", "progress", "distributed")``; a prefix covers its sub-keys.
-        where: how the message names the checkpoint; default ``run_dir <current run_dir>``.
-    Raises:
-        ConfigError: naming the first differing dotted key (in the saved config's order, then
-            keys new in ``current``) and both values; added and removed keys count.
-    """
-    a, b = _jsonable(saved), _jsonable(current)
-    if where is None:
-        where = f"run_dir {current['run_dir']}" if "run_dir" in current else "the checkpoint"
-    for key, x, y in _differences(a, b, ""):
-        if any(_under(key, p) for p in may_change):
-            continue
-        if x is _ABSENT:
-            what = f"was made without {key}; this run has {key} = {_show(y)}"
-        elif y is _ABSENT:
-            what = f"was made with {key} = {_show(x)}; this run has no {key}"
-        else:
-            what = f"was made with {key} = {_show(x)}; this run has {_show(y)}"
-        raise ConfigError(f"{where} {what}: use another run_dir or the same config")
-
-
-def _under(key: str, prefix: str) -> bool:
-    return key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "[")
-
-
-def _differences(a, b, key: str) -> Iterator[tuple[str, Any, Any]]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in [*a, *(k for k in b if k not in a)]:
-            sub = f"{key}.{k}" if key else str(k)
-            yield from _differences(a.get(k, _ABSENT), b.get(k, _ABSENT), sub)
-    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
-            yield from _differences(x, y, f"{key}[{i}]")
-    elif not _same(a, b):
-        yield key, a, b
-
-
-def _same(a, b) -> bool:
-    """Equal config values: numbers by value (1 == 1.0, nan == nan), anything else by type and
-    value (True is not 1, "1" is not 1)."""
-    if _is_number(a) and _is_number(b):
-        return a == b or (math.isnan(a) and math.isnan(b))
-    return type(a) is type(b) and a == b
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _show(x) -> str:
-    text = json.dumps(x)  # strings quoted: "100" and 100 must not read alike
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,7 +1,7 @@
 """``fli-diagnose``'s work: read fli-nuts chains, combine them, ArviZ's diagnostics, verdicts.
 
 The chains are read from the complete chunks of each run (``chunks/chunk_<i>`` with its
-``DONE`` file, :func:`fli.infer.nuts.complete_chunks`), so a chain still sampling can be read
+``DONE`` file, :func:`fli.infer.run_store.complete_chunks`), so a chain still sampling can be read
 at any moment: a chunk being written (``chunks/.chunk_<i>.tmp``) is not looked at. Every
 number comes from ArviZ 0.23's own functions on one InferenceData of the chains, truncated to
 the shortest chain's post-warm-up draws:
@@ -24,30 +24,31 @@ InferenceData), figures and ``report.html`` (:mod:`fli.infer.diagnose_report`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import math
-import warnings
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from fli.config import DIAGNOSE_KEYS, ConfigError, DiagnoseConfig
-from fli.infer.nuts import CHUNKS, complete_chunks, read_chunks
+from fli.config import ConfigError, DiagnoseConfig
+from fli.files import write_json
+from fli.infer.config_keys import CHAINS_MAY_DIFFER, differences, leaves
+from fli.infer.inference_data import add_field_summaries, quiet_arviz
+from fli.infer.params import reported_names
+from fli.infer.run_store import (
+    chains_of,
+    chunks_being_written,
+    complete_chunks,
+    is_sampling_run,
+    read_chunks,
+    read_config,
+)
 
 DIAGNOSTICS_JSON = "diagnostics.json"
 CHAINS_NC = "chains.nc"
 STAT_KEYS = ("diverging", "energy", "tree_depth", "n_steps", "step_size", "acceptance_rate", "lp", "gradient_evals")
-# config keys on which chains may differ and still be chains of one posterior: the seed, the
-# run directory, the device layout, progress, the draw counts, and what only places or starts a
-# run (the start differs between chains on purpose: R-hat compares chains from spread starts)
-MAY_DIFFER = ("seed", "run_dir", "distributed", "progress", "compilation_cache", "name", "init",
-              "inference.num_samples", "inference.num_warmup", "inference.chunk", "inference.field_thin",
-              "inference.init_redraw", "inference.map", "inference.chains_per_run", "inference.sampler",
-              *DIAGNOSE_KEYS)  # the sampler: both layouts sample the same posterior
 VERDICTS = ("pass", "warn", "fail")
 EXIT_STATUS = {"pass": 0, "warn": 1, "fail": 2}
 
@@ -82,13 +83,6 @@ class Chain:
 # ================================================================ reading the runs
 
 
-def _chains_of(run: Path) -> list[Path]:
-    """A run of several vectorised chains (``inference.chains_per_run``) is its ``chain_<c>``
-    directories; any other run is its own one chain."""
-    subs = [p for p in run.glob("chain_*") if p.is_dir() and p.name[len("chain_"):].isdigit()]
-    return sorted(subs, key=lambda p: int(p.name[len("chain_"):])) or [run]
-
-
 def find_runs(runs: list[str] | None, sweep: str | None) -> list[Path]:
     """The chains named by ``runs=[...]`` or by the job subdirectories of ``sweep=``: one per
     run directory, or each ``chain_<c>/`` of a run of several vectorised chains."""
@@ -102,28 +96,26 @@ def find_runs(runs: list[str] | None, sweep: str | None) -> list[Path]:
         for r in out:
             if not r.is_dir():
                 raise ConfigError(f"runs: {r} is not a directory (a fli-nuts run directory)")
-        return [c for r in out for c in _chains_of(r)]
+        return [c for r in out for c in chains_of(r)]
     s = Path(sweep)
     if not s.is_dir():
         raise ConfigError(f"sweep={s} is not a directory (a fli-nuts multirun directory, e.g. multirun/nuts/<date>)")
-    jobs = [p for p in s.iterdir() if p.is_dir() and not p.name.startswith(".")
-            and ((p / CHUNKS).is_dir() or (p / "config.yaml").is_file())]
+    jobs = [p for p in s.iterdir() if p.is_dir() and not p.name.startswith(".") and is_sampling_run(p)]
     if not jobs:
         raise ConfigError(f"sweep={s} holds no fli-nuts job directory (none with chunks/ or config.yaml)")
     jobs = sorted(jobs, key=lambda p: (0, int(p.name)) if p.name.isdigit() else (1, p.name))
-    return [c for j in jobs for c in _chains_of(j)]
+    return [c for j in jobs for c in chains_of(j)]
 
 
 def read_chain(run: Path) -> Chain | str:
     """The chain of ``run``, or why it cannot be used (a sentence)."""
     run = Path(run)
-    cfile = run / "config.yaml"
-    if not cfile.is_file():
+    config = read_config(run)
+    if config is None:
         return f"{run}: no config.yaml (not a fli-nuts run directory)"
-    config = yaml.load(cfile.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
     done = complete_chunks(run)
     notes = []
-    writing = sorted(p.name for p in (run / CHUNKS).glob(".chunk_*.tmp")) if (run / CHUNKS).is_dir() else []
+    writing = chunks_being_written(run)
     if writing:
         notes.append(f"{len(writing)} chunk(s) being written, not read ({', '.join(writing)})")
     if not done:
@@ -163,23 +155,10 @@ def read_chain(run: Path) -> Chain | str:
                  grads0=grads0, seconds0=seconds0, notes=notes)
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flat(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def model_key(config: dict) -> dict:
-    """The flattened config without the keys chains may differ on (:data:`MAY_DIFFER`)."""
-    def keep(k):
-        return not any(k == p or k.startswith(p + ".") for p in MAY_DIFFER)
-
-    return {k: v for k, v in _flat(config).items() if keep(k)}
+    """The flattened config without the keys chains may differ on
+    (:data:`fli.infer.config_keys.CHAINS_MAY_DIFFER`)."""
+    return leaves(config, ignore=CHAINS_MAY_DIFFER)
 
 
 def consistent(chains: list[Chain]) -> tuple[list[Chain], list[tuple[Path, str]]]:
@@ -190,16 +169,14 @@ def consistent(chains: list[Chain]) -> tuple[list[Chain], list[tuple[Path, str]]
     for i, k in enumerate(keys):
         groups.setdefault(k, []).append(i)
     best = max(groups.values(), key=lambda g: (len(g), -g[0]))
-    ref = model_key(chains[best[0]].config)
     kept, dropped = [chains[i] for i in best], []
     for i, c in enumerate(chains):
         if i in best:
             continue
-        mine = model_key(c.config)
-        diff = sorted(k for k in set(ref) | set(mine) if ref.get(k, "<absent>") != mine.get(k, "<absent>"))
-        k = diff[0]
+        diff = sorted(differences(chains[best[0]].config, c.config, ignore=CHAINS_MAY_DIFFER))
+        k, there, here = diff[0]
         dropped.append((c.run, f"another model or config than {chains[best[0]].run}: {k} = "
-                               f"{mine.get(k, '<absent>')!r} here, {ref.get(k, '<absent>')!r} there"
+                               f"{here!r} here, {there!r} there"
                                + (f" (and {len(diff) - 1} more key(s))" if len(diff) > 1 else "")))
     return kept, dropped
 
@@ -207,18 +184,9 @@ def consistent(chains: list[Chain]) -> tuple[list[Chain], list[tuple[Path, str]]
 # ================================================================ the InferenceData
 
 
-@contextlib.contextmanager
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # ArviZ's refactor notice and its automatic-dims notes
-        for name in ("arviz", "arviz.preview"):  # "arviz_base not installed" chatter at import
-            logging.getLogger(name).setLevel(logging.WARNING)
-        import arviz  # noqa: F401, PLC0415
-        yield
-
-
 def param_names(config: dict) -> list[str]:
-    return [*((config.get("prior") or {}).get("sample") or []), "Omega_m", "S8"]
+    """The parameters a run reports: its sampled ones, then the derived ones."""
+    return reported_names((config.get("prior") or {}).get("sample") or [])
 
 
 def combine(chains: list[Chain]):
@@ -230,17 +198,14 @@ def combine(chains: list[Chain]):
     def stack(get):
         return np.stack([np.asarray(get(c))[:n] for c in chains])
 
-    with _quiet():
+    with quiet_arviz():
         import arviz as az  # noqa: PLC0415
 
         idata = az.from_dict(posterior={k: stack(lambda c, k=k: c.draws[k]) for k in names},
                              sample_stats={k: stack(lambda c, k=k: c.stats[k]) for k in STAT_KEYS},
                              attrs={"runs": json.dumps([str(c.run) for c in chains]), "draws_per_chain": n})
-        idata.add_groups({"field_summaries": {k: stack(lambda c, k=k: c.pk[k]) for k in ("pk_white_noise",
-                                                                                       "pk_linear")}},
-                         coords={"k_bin": np.arange(chains[0].k.size)},
-                         dims={"pk_white_noise": ["k_bin"], "pk_linear": ["k_bin"]})
-        idata.field_summaries.attrs["k"] = json.dumps(np.asarray(chains[0].k).tolist())
+        add_field_summaries(idata, {k: stack(lambda c, k=k: c.pk[k]) for k in ("pk_white_noise", "pk_linear")},
+                            chains[0].k)
     return idata
 
 
@@ -263,7 +228,7 @@ def convergence(idata, names: list[str]) -> dict:
     """Per parameter: mean, sd, R-hat, bulk/tail ESS, MCSE of the mean and sd (ArviZ)."""
     import arviz as az  # noqa: PLC0415
 
-    with _quiet():
+    with quiet_arviz():
         rhat = az.rhat(idata, var_names=names, method="rank")
         bulk = az.ess(idata, var_names=names, method="bulk")
         tail = az.ess(idata, var_names=names, method="tail")
@@ -281,7 +246,7 @@ def field_convergence(idata) -> dict:
     import arviz as az  # noqa: PLC0415
 
     ds = idata.field_summaries[["pk_white_noise"]]
-    with _quiet():
+    with quiet_arviz():
         rhat = np.asarray(az.rhat(ds, method="rank")["pk_white_noise"], float)
         bulk = np.asarray(az.ess(ds, method="bulk")["pk_white_noise"], float)
         tail = np.asarray(az.ess(ds, method="tail")["pk_white_noise"], float)
@@ -301,7 +266,7 @@ def sampler_health(idata, chains: list[Chain]) -> dict:
     import arviz as az  # noqa: PLC0415
 
     st = idata.sample_stats
-    with _quiet():
+    with quiet_arviz():
         bfmi = np.asarray(az.bfmi(idata), float)
     div = np.asarray(st["diverging"], bool)
     depth = np.asarray(st["tree_depth"])
@@ -352,7 +317,7 @@ def _band(value, good_pass, good_warn) -> str:
 
 
 def checks(conv: dict, field: dict, health: dict, d: DiagnoseConfig) -> list[dict]:
-    """The checks of the issue's table, each with its number, bands and verdict."""
+    """Every check (R-hat, ESS, E-BFMI, divergences, tree depth), each with its number, bands and verdict."""
     out = []
 
     def add(name, what, value, verdict, bands, where=None):
@@ -475,7 +440,7 @@ def run_diagnose(cfg, resolved: dict, run_dir: Path, log: logging.Logger) -> dic
         log.warning("chains of unequal length (%s post-warm-up draws): the first %d of each are used",
                     ", ".join(str(c.n_post) for c in chains), n)
     run_dir.mkdir(parents=True, exist_ok=True)
-    with _quiet():
+    with quiet_arviz():
         idata.to_netcdf(str(run_dir / CHAINS_NC), engine="h5netcdf")
     report["inference_data"] = str(run_dir / CHAINS_NC)
     if cfg.diagnose.figures:
@@ -484,7 +449,7 @@ def run_diagnose(cfg, resolved: dict, run_dir: Path, log: logging.Logger) -> dic
         report["figures"], report["figure_notes"] = figures(idata, chains, report, run_dir, cfg.diagnose, log)
     else:
         report["figures"], report["figure_notes"] = {}, ["diagnose.figures=false"]
-    (run_dir / DIAGNOSTICS_JSON).write_text(json.dumps(report, indent=1))
+    write_json(run_dir / DIAGNOSTICS_JSON, report)
     from fli.infer.diagnose_report import write_html  # noqa: PLC0415
 
     write_html(report, run_dir)

@@ -16,27 +16,28 @@ from pathlib import Path
 
 import numpy as np
 
-from fli.plots import _plt, _save
+from fli.infer.inference_data import quiet_arviz
+from fli.infer.params import reported_names, with_derived
+from fli.infer.run_store import pooled_running, read_thinned_kappa
+from fli.plots import pyplot, save_figure
 
 
 def figures(idata, chains, report: dict, run_dir: Path, dcfg, log: logging.Logger) -> tuple[dict, list[str]]:
     """Draw every figure into ``run_dir``; returns ({name: path}, notes on what was skipped)."""
     import arviz as az  # noqa: PLC0415
 
-    from fli.infer.diagnose import _quiet, param_names  # noqa: PLC0415
-
-    plt = _plt()
+    plt = pyplot()
     out, notes = {}, []
-    names = param_names(chains[0].config)
+    names = reported_names((chains[0].config.get("prior") or {}).get("sample") or [])
     truth = _truth(chains[0], notes)
     ref = _reference(truth, names) if truth is not None else None
 
     def arviz_fig(name, draw):
         try:
-            with _quiet():
+            with quiet_arviz():
                 axes = draw()
             fig = np.ravel(axes)[0].get_figure()
-            out[name] = str(_save(fig, run_dir / f"{name}.png"))
+            out[name] = str(save_figure(fig, run_dir / f"{name}.png"))
         except Exception as e:  # noqa: BLE001  ArviZ refuses some degenerate chains (e.g. constant)
             notes.append(f"{name}: not drawn ({type(e).__name__}: {e})")
             plt.close("all")
@@ -90,9 +91,7 @@ def _truth(chain, notes):
 def _reference(obs, names) -> dict | None:
     if obs.truth is None:
         return None
-    t = dict(obs.truth)
-    om = t["Omega_c"] + t["Omega_b"]
-    t["Omega_m"], t["S8"] = om, t["sigma8"] * np.sqrt(om / 0.3)
+    t = with_derived(dict(obs.truth))
     return {k: float(t[k]) for k in names if k in t}
 
 
@@ -113,12 +112,11 @@ def prior_s8(config: dict, n: int = 20000, seed: int = 0) -> np.ndarray:
     p = {k: np.full(n, float(v)) for k, v in vars(cfg.cosmology).items()}
     for i, name in enumerate(pt.names):
         p[name] = x[:, i]
-    om = p["Omega_c"] + p["Omega_b"]
-    return p["sigma8"] * np.sqrt(om / 0.3)
+    return with_derived(p)["S8"]
 
 
 def s8_prior(idata, config: dict, ref, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6), constrained_layout=True)
     prior = prior_s8(config)
     post = np.asarray(idata.posterior["S8"]).ravel()
@@ -132,7 +130,7 @@ def s8_prior(idata, config: dict, ref, path: Path) -> Path:
     ax.set_xlabel(r"$S_8 = \sigma_8 \sqrt{\Omega_m / 0.3}$")
     ax.set_ylabel("density")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------- the field
@@ -154,7 +152,7 @@ def field_pk(idata, chain, obs, path: Path) -> Path:
 
     from fli.power import default_kedges, power_spectrum  # noqa: PLC0415
 
-    plt = _plt()
+    plt = pyplot()
     plan, box, vcell = _grid(chain.config)
     k = np.asarray(chain.k)
     pk = np.asarray(idata.field_summaries["pk_white_noise"]).reshape(-1, k.size) / vcell
@@ -183,42 +181,12 @@ def field_pk(idata, chain, obs, path: Path) -> Path:
     ax.set_ylabel("P(k) / cell volume")
     ax.set_title("white noise of the posterior draws", fontsize=10)
     ax.legend(fontsize=7)
-    return _save(fig, path)
-
-
-def _pooled(chains, notes):
-    """Mean and variance of the white noise and kappa over every chain's running.zarr
-    (pooled by their draw counts), with the draws they hold; None when there is none."""
-    import zarr  # noqa: PLC0415
-
-    from fli.infer.nuts import RUNNING  # noqa: PLC0415
-
-    parts = []
-    for c in chains:
-        p = c.run / RUNNING
-        if not p.is_dir():
-            notes.append(f"{c.run}: no {RUNNING}")
-            continue
-        g = zarr.open_group(str(p), mode="r")
-        n = int(g.attrs.get("n_draws", 0))
-        if n:
-            parts.append((n, {k: np.asarray(g[k][...], np.float64) for k in ("mean_white_noise", "var_white_noise",
-                                                                               "mean_kappa", "var_kappa")}))
-    if not parts:
-        return None
-    ntot = sum(n for n, _ in parts)
-    out = {"n": ntot}
-    for f in ("white_noise", "kappa"):
-        mean = sum(n * a[f"mean_{f}"] for n, a in parts) / ntot
-        # the law of total variance over the chains (each chain's variance has ddof 1)
-        ss = sum((n - 1) * a[f"var_{f}"] + n * (a[f"mean_{f}"] - mean) ** 2 for n, a in parts)
-        out[f"mean_{f}"], out[f"var_{f}"] = mean, ss / max(ntot - 1, 1)
-    return out
+    return save_figure(fig, path)
 
 
 def field_figures(chains, obs, run_dir: Path, n_resid: int, notes) -> dict:
     out = {}
-    pooled = _pooled(chains, notes)
+    pooled = pooled_running([c.run for c in chains], notes)
     has_truth = obs is not None and obs.has_truth
     fov = obs.fov_deg if obs is not None else float(chains[0].config.get("lensing", {}).get("fov_deg", 1.0))
     if pooled is not None:
@@ -254,7 +222,7 @@ def _img(ax, m, title, vmin=None, vmax=None, cmap="RdBu_r", extent=None, aspect=
 
 def field_slices(pooled, truth, config, path: Path) -> Path:
     """Slice y = ny/2 of the posterior mean and sd of the white noise, beside the truth."""
-    plt = _plt()
+    plt = pyplot()
     mean, sd = pooled["mean_white_noise"], np.sqrt(pooled["var_white_noise"])
     j = mean.shape[1] // 2
     box = config["simulation"]["box"]
@@ -271,12 +239,12 @@ def field_slices(pooled, truth, config, path: Path) -> Path:
         ax.set_ylabel("x [Mpc/h]")
         fig.colorbar(im, ax=ax, shrink=0.9)
     axes[-1, 0].set_xlabel("z (line of sight) [Mpc/h]")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def mass_maps(pooled, k_true, fov, path: Path) -> Path:
     """Posterior mean and sd of the noiseless kappa per bin, beside the truth."""
-    plt = _plt()
+    plt = pyplot()
     mean, sd = pooled["mean_kappa"], np.sqrt(pooled["var_kappa"])
     nb = mean.shape[0]
     rows = [("posterior mean", mean), ("posterior sd", sd)]
@@ -293,7 +261,7 @@ def mass_maps(pooled, k_true, fov, path: Path) -> Path:
                       float(sd[b].max()) if sdrow else lim, "viridis" if sdrow else "RdBu_r", ext)
             axes[r, b].set_xlabel("deg")
             fig.colorbar(im, ax=axes[r, b], shrink=0.8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def r_of_k(mean, truth, config, path: Path) -> Path:
@@ -302,7 +270,7 @@ def r_of_k(mean, truth, config, path: Path) -> Path:
 
     from fli.power import cross_correlation, power_spectrum  # noqa: PLC0415
 
-    plt = _plt()
+    plt = pyplot()
     plan, box, _ = _grid(config)
     a, b = jnp.asarray(mean, jnp.float32), jnp.asarray(truth, jnp.float32)
     k, r = cross_correlation(a, b, plan, box)
@@ -322,40 +290,15 @@ def r_of_k(mean, truth, config, path: Path) -> Path:
         _logk(x)
         x.set_xlabel("k [h/Mpc]")
     ax[0].set_title("white noise: the posterior mean against the truth", fontsize=10)
-    return _save(fig, path)
-
-
-def _thinned_kappa(chains, n: int):
-    """Up to ``n`` post-warm-up kappa draws from the chunks' fields.zarr: [(run, draw, kappa)]."""
-    import zarr  # noqa: PLC0415
-
-    from fli.infer.nuts import chunk_dir  # noqa: PLC0415
-
-    found = []
-    for c in chains:
-        for i in reversed(c.chunks):
-            p = chunk_dir(c.run, i) / "fields.zarr"
-            if not p.is_dir():
-                continue
-            g = zarr.open_group(str(p), mode="r")
-            draws, warm = g.attrs.get("draw", []), g.attrs.get("warmup", [])
-            for j in range(len(draws) - 1, -1, -1):
-                if not warm[j]:
-                    found.append((c.run, int(draws[j]), np.asarray(g["kappa"][j], np.float64)))
-                    break
-            if len(found) >= n or (found and found[-1][0] == c.run):
-                break
-        if len(found) >= n:
-            break
-    return found[:n]
+    return save_figure(fig, path)
 
 
 def residuals(chains, obs, n: int, path: Path) -> Path | None:
     """(observed - predicted) / sigma per bin for a few thinned draws, with chi^2 per pixel."""
-    draws = _thinned_kappa(chains, n)
+    draws = read_thinned_kappa([c.run for c in chains], [c.chunks for c in chains], n)
     if not draws:
         return None
-    plt = _plt()
+    plt = pyplot()
     kobs = np.asarray(obs.kappa_obs, np.float64)
     sigma = np.asarray(obs.noise_sigma, np.float64)
     mask = np.ones(kobs.shape[1:], bool) if obs.mask is None else np.asarray(obs.mask, bool)
@@ -371,4 +314,4 @@ def residuals(chains, obs, n: int, path: Path) -> Path | None:
                       "RdBu_r", ext)
             axes[r, b].set_xlabel("deg")
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.6, label="(observed - draw) / noise")
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -11,26 +11,23 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from fli.plots import _plt, _save
+from fli.plots import pyplot, save_figure
 from fli.sharding import process_allgather
 
 
-def map_figures(run_dir: Path, post, lat, obs, data, kappa, hist: np.ndarray, metrics: dict | None) -> dict:
-    """Draw the MAP's figures into ``run_dir``; returns ``{name: path}`` (empty off process 0)."""
-    from fli.lpt import linear_field  # noqa: PLC0415
+def map_figures(run_dir: Path, post, obs, data, kappa, hist: np.ndarray, metrics: dict | None, lin) -> dict:
+    """Draw the MAP's figures into ``run_dir``; returns ``{name: path}`` (empty off process 0).
 
+    ``lin``: the recovered and the true linear field (None without a truth), drawn as slices."""
     g, geom = post.fwd.grid, post.fwd.geometry
     k_map = process_allgather(kappa)
     k_obs = process_allgather(data.kappa_obs)
     w = process_allgather(data.weight)
     slices = None
+    if lin is not None:
+        mid = jax.jit(lambda f: f[:, g.shape[1] // 2, :])
+        slices = (process_allgather(mid(lin[1])), process_allgather(mid(lin[0])))
     if obs.has_truth:
-        lin = jax.jit(lambda c, s: linear_field(c, s, g, 1.0)[:, g.shape[1] // 2, :])
-        from fli.infer.map import truth_cosmology  # noqa: PLC0415
-
-        c_true = truth_cosmology(post, obs)
-        slices = (process_allgather(lin(c_true, obs.white_noise.astype(g.jdtype))),
-                  process_allgather(lin(post.cosmology(lat.theta), lat.s)))
         k_true = process_allgather(obs.kappa_true)
     if jax.process_index() != 0:
         return {}
@@ -49,7 +46,7 @@ def map_figures(run_dir: Path, post, lat, obs, data, kappa, hist: np.ndarray, me
 
 
 def loss_curve(hist: np.ndarray, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
     steps = np.arange(1, len(hist) + 1)
     loss = hist[:, 0]
@@ -64,7 +61,7 @@ def loss_curve(hist: np.ndarray, path: Path) -> Path:
     ax[1].set_xlabel("step")
     ax[1].set_ylabel("|gradient|")
     ax[0].set_title("negative log posterior (dotted: annealing stages)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _imshow(ax, m, fov, title, vmin=None, vmax=None, cmap="viridis"):
@@ -76,7 +73,7 @@ def _imshow(ax, m, fov, title, vmin=None, vmax=None, cmap="viridis"):
 
 
 def kappa_panels(k_map, k_true, k_obs, fov, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     rows = [("observed", k_obs), ("MAP (noiseless)", k_map)]
     if k_true is not None:
         rows.append(("true (noiseless)", k_true))
@@ -88,24 +85,24 @@ def kappa_panels(k_map, k_true, k_obs, fov, path: Path) -> Path:
         for r, (name, m) in enumerate(rows):
             im = _imshow(axes[r, b], m[b], fov, f"bin {b}: {name}", -lim, lim, "RdBu_r")
         fig.colorbar(im, ax=axes[:, b].tolist(), shrink=0.6, label=f"kappa (bin {b})")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def residual_maps(k_obs, k_map, w, fov, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     nb = k_map.shape[0]
     fig, axes = plt.subplots(1, nb, figsize=(3.6 * nb + 1, 3.4), squeeze=False, constrained_layout=True)
     for b in range(nb):
         r = (k_obs[b] - k_map[b]) * w[b]
         n = max(int(np.sum(w[b] > 0)), 1)
-        im = _imshow(axes[0, b], r, fov, f"bin {b}: (obs - MAP) / sigma\nchi2 per pixel {np.sum(r ** 2) / n:.2f}", -3, 3,
-                     "RdBu_r")
+        title = f"bin {b}: (obs - MAP) / sigma\nchi2 per pixel {np.sum(r ** 2) / n:.2f}"
+        im = _imshow(axes[0, b], r, fov, title, -3, 3, "RdBu_r")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="residual / noise")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def transfer(fm: dict, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
     for i, (name, label) in enumerate((("all", "all modes"), ("cone", "inside the light cone"),
                                        ("transverse", "transverse (k_par = 0), cone"))):
@@ -120,11 +117,11 @@ def transfer(fm: dict, path: Path) -> Path:
         a.set_ylabel(lab)
     ax[0].set_title("recovered vs true linear field")
     ax[0].legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def r_ell(km: dict, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6), constrained_layout=True)
     ell = np.asarray(km["ell"])
     for b, rb in enumerate(km["r"]):
@@ -135,11 +132,11 @@ def r_ell(km: dict, path: Path) -> Path:
     ax.set_ylabel("r_ell (MAP vs true noiseless kappa)")
     ax.set_ylim(-0.2, 1.05)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def field_slices(true_slice, rec_slice, box, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(10, 4.6), sharex=True, constrained_layout=True)
     lim = float(np.max(np.abs(true_slice))) or 1.0
     ext = (0, box[2], 0, box[0])
@@ -149,4 +146,4 @@ def field_slices(true_slice, rec_slice, box, path: Path) -> Path:
         a.set_ylabel("x [Mpc/h]")
     axes[-1].set_xlabel("z (line of sight) [Mpc/h]")
     fig.colorbar(im, ax=axes.tolist(), shrink=0.8)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -20,7 +20,6 @@ own blocks of the zarr field):
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -31,20 +30,16 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from fli.config import DIAGNOSE_KEYS, SAMPLER_KEYS, Config, ConfigError
+from fli.config import Config, ConfigError
+from fli.files import write_json, write_text
 from fli.infer import checkpoint as ckpt
+from fli.infer.config_keys import MAP_MAY_CHANGE, check_resumable
 from fli.infer.model import Data, Latents, Posterior, build_posterior, make_data
 from fli.infer.optimize import MapRun, converged, history_array, init_state, make_step, run_map
+from fli.infer.summaries import linear_field_of, truth_linear_field
 
 MAP_JSON = "map.json"
 FIELD_NAME = "map_field.zarr"
-# keys that only extend or re-place a run: they may change between a run and its resume
-MAY_CHANGE = ("inference.map.steps", "inference.map.tol", "inference.map.patience",
-              "inference.map.checkpoint_every", "inference.map.laplace", "inference.map.cg_tol",
-              "inference.map.cg_maxiter", "inference.map.compare_truth", *SAMPLER_KEYS, *DIAGNOSE_KEYS, "init",
-              "run_dir", "progress",
-              "compilation_cache",
-              "distributed", "name")
 
 JOINT_MAP_NOTE = (
     "The joint MAP maximises p(theta, s | d) over the cosmological parameters and the white-noise field "
@@ -53,14 +48,6 @@ JOINT_MAP_NOTE = (
     "is biased (Seljak et al. 2017; Millea & Seljak 2022). laplace.marginal is the Gaussian width of theta "
     "with the field marginalised around this point; it is not a posterior error bar where the joint-MAP bias "
     "exceeds it (docs/benchmarks.md measures that bias). Use fli-nuts for the posterior.")
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Atomic (write aside, rename) on process 0."""
-    if jax.process_index() == 0:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.rename(path)
 
 
 def prepare(cfg: Config, log: logging.Logger, compare_truth: bool = True):
@@ -107,7 +94,7 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
     last = ckpt.latest_step(ckpt_dir)  # a collective: every process asks
     if last is not None:
         meta = ckpt.read_meta(ckpt_dir, last)
-        ckpt.check_resumable(meta["config"], resolved, MAY_CHANGE, where=f"run_dir {run_dir}")
+        check_resumable(meta["config"], resolved, MAP_MAY_CHANGE, where=f"run_dir {run_dir}")
     theta_fixed = _fixed_theta(cfg, post)
     step_fn, opt = make_step(post, mcfg, theta_fixed)
     init = post.zeros()
@@ -122,7 +109,7 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
                  meta.get("pdims"), list(post.fwd.grid.pdims))
     if jax.process_index() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _write_text(run_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+        write_text(run_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
 
     fwd = post.fwd
     pix_arcmin = fwd.geometry.pixel_size_arcmin
@@ -175,16 +162,11 @@ def load_map_field(run_dir, mesh=None):
     return read_array(zarr.open_group(str(Path(run_dir) / FIELD_NAME), mode="r")["white_noise"], mesh)
 
 
-def truth_cosmology(post: Posterior, obs):
-    """The mock's true cosmology: its truth where given, the analysis' fixed values elsewhere."""
-    return post.base.replace(**{k: float(v) for k, v in obs.truth.items() if hasattr(post.base, k)})
-
-
 def _write_history(run_dir: Path, run: MapRun) -> None:
     h = history_array(run)
     lines = ["step,loss,grad_norm,evals,seconds,stage"]
     lines += [f"{i + 1},{r[0]:.9g},{r[1]:.6g},{int(r[2])},{r[3]:.4f},{int(r[4])}" for i, r in enumerate(h)]
-    _write_text(run_dir / "loss_history.csv", "\n".join(lines) + "\n")
+    write_text(run_dir / "loss_history.csv", "\n".join(lines) + "\n")
 
 
 def finish(cfg: Config, run_dir: Path, obs, post: Posterior, data: Data, run: MapRun, theta_fixed, log, *,
@@ -232,15 +214,18 @@ def finish(cfg: Config, run_dir: Path, obs, post: Posterior, data: Data, run: Ma
                                                                "pdims": list(fwd.grid.pdims)})
     metrics = None
     compare = mcfg.compare_truth if mcfg.compare_truth is not None else obs.has_truth
+    lin = None
+    if obs.has_truth:  # the recovered and the true linear field, for the metrics and the figures
+        lin = (linear_field_of(post, lat.theta, lat.s), truth_linear_field(post, obs))
     if compare:
-        metrics = truth_metrics(post, lat, obs, kappa)
-        _write_text(run_dir / "metrics.json", json.dumps(metrics, indent=1))
+        metrics = truth_metrics(post, lin, obs, kappa)
+        write_json(run_dir / "metrics.json", metrics)
         out["recovery"] = {"k_r_half": {k: metrics["field"][k]["k_r_half"] for k in metrics["field"]},
                            "k_T_half": {k: metrics["field"][k]["k_T_half"] for k in metrics["field"]},
                            "ell_r_half": metrics["kappa"]["ell_r_half"]}
-    out["figures"] = figures.map_figures(run_dir, post, lat, obs, data, kappa, hist, metrics)
+    out["figures"] = figures.map_figures(run_dir, post, obs, data, kappa, hist, metrics, lin)
     _write_history(run_dir, run)
-    _write_text(run_dir / MAP_JSON, json.dumps(out, indent=1, default=float))
+    write_json(run_dir / MAP_JSON, out, default=float)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils  # noqa: PLC0415
 
@@ -277,15 +262,11 @@ def laplace_errors(post: Posterior, data: Data, lat: Latents, mcfg, log) -> dict
     return out
 
 
-def truth_metrics(post: Posterior, lat: Latents, obs, kappa) -> dict:
-    """r(k), T(k) of the recovered linear field and r_ell of the recovered kappa against the mock's truth."""
+def truth_metrics(post: Posterior, lin, obs, kappa) -> dict:
+    """r(k), T(k) of the recovered linear field and r_ell of the recovered kappa against the
+    mock's truth; ``lin``: the recovered and the true linear field."""
     from fli.infer.metrics import field_metrics, map_metrics  # noqa: PLC0415
-    from fli.lpt import linear_field  # noqa: PLC0415
 
-    g = post.fwd.grid
-    c_map = post.cosmology(lat.theta)
-    c_true = truth_cosmology(post, obs)
-    lin = jax.jit(lambda c, s: linear_field(c, s, g, 1.0))
-    rec, tru = lin(c_map, lat.s), lin(c_true, obs.white_noise.astype(g.jdtype))
+    rec, tru = lin
     return {"field": field_metrics(post.fwd, rec, tru),
             "kappa": map_metrics(kappa, obs.kappa_true, post.fwd.geometry.fov_deg)}

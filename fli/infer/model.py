@@ -47,10 +47,9 @@ from fli.config import Config, ConfigError
 from fli.cosmology import Cosmology
 from fli.forward import ForwardModel, build_forward, fiducial_cosmology
 from fli.infer.layout import FlatLayout
+from fli.infer.params import with_derived
 from fli.infer.priors import PriorTransform
 from fli.lensing import MAP_SPEC
-
-DERIVED = ("Omega_m", "S8")
 
 
 class Latents(NamedTuple):
@@ -123,11 +122,12 @@ class Posterior:
     def params(self, theta) -> dict[str, Array]:
         """Sampled physical parameters and the derived ``Omega_m`` and ``S8``."""
         c = self.cosmology(theta)
-        out = {n: getattr(c, n) for n in self.names}
-        om = c.Omega_c + c.Omega_b
-        out["Omega_m"] = om
-        out["S8"] = c.sigma8 * jnp.sqrt(om / 0.3)
-        return out
+        return with_derived({n: getattr(c, n) for n in self.names}, c)
+
+    def truth_cosmology(self, truth: dict[str, float]) -> Cosmology:
+        """The cosmology of a mock's truth: its values where given, this posterior's fixed
+        values elsewhere."""
+        return self.base.replace(**{k: float(v) for k, v in truth.items() if hasattr(self.base, k)})
 
     def theta_of(self, values: dict[str, float]) -> np.ndarray:
         """Standardised latents of physical values (host), e.g. a mock's truth."""

@@ -32,15 +32,20 @@ from fli.config import MapConfig
 from fli.infer.model import Data, Latents, Posterior
 
 
-def _local_inner_products() -> bool:
+def mend_optax_inner_products() -> bool:
     """Make Optax's inner products local on a sharded field; returns whether it had to.
 
     Optax's ``tree.vdot`` (L-BFGS's two-loop recursion, its line search) picks ``jnp.vdot``
     when ``jax.__version__ < '0.7.2'``, a comparison of strings that is true for jax 0.10.x.
     ``jnp.vdot`` ravels its operands, and raveling a field sharded ``P('x', 'y')`` gathers it:
-    measured, 14 all-gathers of half the field in one compiled L-BFGS step on 8 devices
+    14 all-gathers of half the field in one compiled L-BFGS step on 8 devices
     (tests/infer/test_sampler.py). Where that branch is taken on a jax that has the alternative,
     Optax's own ``tensordot`` form (no ravel) is put in its place; nothing else changes.
+
+    Why a patch: Optax 0.2.8 takes no inner product from its caller (``optax.lbfgs`` and
+    ``scale_by_zoom_linesearch`` call ``optax.tree.vdot`` themselves), so fli cannot pass
+    one in. The patch is applied when fli builds an optimiser (:func:`make_optimizer`), not
+    on import, and applying it again does nothing.
     """
     from packaging.version import Version  # noqa: PLC0415
 
@@ -48,6 +53,8 @@ def _local_inner_products() -> bool:
         from optax.tree_utils import _tree_math  # noqa: PLC0415
     except ImportError:  # another optax layout: nothing to mend
         return False
+    if getattr(_tree_math._vdot, "_fli_local", False):
+        return True
     if not (jax.__version__ < "0.7.2" and Version(jax.__version__) >= Version("0.7.2")
             and hasattr(_tree_math, "_vdot")):
         return False
@@ -57,11 +64,9 @@ def _local_inner_products() -> bool:
             a = jnp.conj(a)
         return jnp.tensordot(a, b, a.ndim, precision=precision)
 
+    _vdot._fli_local = True
     _tree_math._vdot = _vdot
     return True
-
-
-MENDED_VDOT = _local_inner_products()
 
 
 class StepInfo(NamedTuple):
@@ -73,7 +78,9 @@ class StepInfo(NamedTuple):
 
 
 def make_optimizer(mcfg: MapConfig) -> optax.GradientTransformation:
-    """The Optax transformation of ``inference.map`` (a minimiser of U)."""
+    """The Optax transformation of ``inference.map`` (a minimiser of U), its inner products
+    kept local on a sharded field (:func:`mend_optax_inner_products`)."""
+    mend_optax_inner_products()
     if mcfg.optimizer == "lbfgs":
         return optax.lbfgs(memory_size=mcfg.lbfgs_memory,
                            linesearch=optax.scale_by_zoom_linesearch(max_linesearch_steps=20, verbose=False))

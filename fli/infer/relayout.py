@@ -63,7 +63,7 @@ def _fill(path: str) -> str:
     return "zero"
 
 
-def restore_on_new_layout(ckpt_dir, step: int, template: dict, meta: dict, post, kernel):
+def restore_on_new_layout(ckpt_dir, step: int, template: dict, meta: dict, post):
     """Checkpoint ``step`` (saved on ``meta['pdims']``) onto ``template`` (this layout)."""
     lay = post.layout
     old_pdims, old_size = tuple(meta["pdims"]), int(meta["layout_size"])

@@ -1,16 +1,20 @@
-"""The sampler seam: one small interface between a kernel and everything around it.
+"""The sampler seam: a kernel is data, a small NamedTuple of pure functions.
 
-``fli-nuts`` (:mod:`fli.infer.nuts`) drives a kernel through three calls and never looks
-inside its state:
+The run loop (:mod:`fli.infer.sample`) and the chunk program (:mod:`fli.infer.chunk`) drive a
+:class:`Kernel` through its functions and never look inside its state:
 
 * ``init(z0, keys, data) -> state``: the states of ``C`` chains at the flat latents
   ``z0 [C, size]`` (:mod:`fli.infer.layout`), one key each, warm-up included in the state;
   every leaf has the chain axis first;
 * ``step(state, data) -> (state, StepInfo)``: one transition of ONE chain, traceable: the
-  chunk loop ``jax.vmap`` s it over the chains and scans it; :class:`StepInfo` holds the
+  chunk program ``jax.vmap`` s it over the chains and scans it; :class:`StepInfo` holds the
   scalars every kernel reports;
-* ``latents(state)``: one chain's ``(theta, s)``; ``state_template(...)``: the state's shapes,
+* ``latents(state)``: one chain's ``(theta, s)``; ``template(...)``: the state's shapes,
   dtypes and shardings, the target a checkpoint is restored onto.
+
+How the latent is laid out for the kernel (one flat sharded vector, or NumPyro's own pytree)
+is a value, :class:`LatentLayout`, passed to the kernel's factory. A kernel whose warm-up is
+not NUTS's brings its own ``init`` and ``step`` and carries its tuning in its state.
 
 Several chains in one run (``inference.chains_per_run``) are NumPyro's "vectorized" chain
 method: one program advances all of them, each with its own step size, mass matrix and key.
@@ -18,10 +22,9 @@ A vmapped ``while_loop`` runs until the longest tree of the step is built, so a 
 deepest chain's trajectory; in return the forward model's small operations are batched
 (docs/benchmarks.md measures the trade).
 
-The state is a pytree of arrays, so the chunk loop checkpoints it with orbax as it is. The
+The state is a pytree of arrays, so the run loop checkpoints it with orbax as it is. The
 kernel here is NumPyro's (its functional ``hmc`` API: NUTS or HMC, dual-averaging step size
-and a diagonal mass matrix adapted on NumPyro's windowed schedule). The issue after fli-nuts
-replaces it with a kernel whose state stays sharded; only this module changes.
+and a diagonal mass matrix adapted on NumPyro's windowed schedule).
 
 Energies: NumPyro keeps the position, momentum and energies in one dtype, so the potential and
 the kinetic energy are float32 results of float64 sums, with the offset
@@ -32,6 +35,7 @@ before the one rounding (:mod:`fli.infer.energy`). Energies reported are therefo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -43,7 +47,7 @@ from jax.sharding import PartitionSpec as P
 from fli.config import SAMPLERS
 from fli.infer.energy import offset_sum
 from fli.infer.layout import FLAT_SPEC
-from fli.infer.model import Data, Posterior
+from fli.infer.model import Posterior
 
 KERNELS = ("nuts", "hmc")
 
@@ -90,102 +94,44 @@ def kinetic_energy(size: int, precise: bool = True, pytree: bool = False):
     return kinetic
 
 
-class NumpyroKernel:
-    """NumPyro's NUTS or HMC on :meth:`Posterior.potential_flat` (precise energies): the
-    ``sharded`` sampler. Its latent is the flat layout, one vector whose every device slice is
-    that device's field block and a tail, so every state vector NumPyro builds from it (momentum,
-    gradient, mass matrix, Welford moments, the tree's states and momentum sums) is sharded the
-    same way and its inner products are local sums and one all-reduce of a scalar
-    (tests/infer/test_sampler.py reads the compiled step).
+class LatentLayout(NamedTuple):
+    """How a kernel sees the latent, as a value: which vector NumPyro integrates and how its
+    state is placed.
 
-    Args:
-        post: the posterior; its flat layout is the latent.
-        kernel: ``"nuts"`` or ``"hmc"``.
-        num_warmup: warm-up transitions (step size and diagonal mass matrix adapted).
-        target_accept: dual averaging's target acceptance probability, in (0, 1).
-        max_tree_depth: NUTS's largest tree depth.
-        num_steps: HMC's leapfrog steps per trajectory.
-        step_size: the first step size (dual averaging starts from a heuristic search around it).
+    ``sharded`` (:func:`sharded_latent`): the flat layout of :mod:`fli.infer.layout`, one
+    vector whose every device slice is that device's field block and a tail, so every state
+    vector NumPyro builds from it (momentum, gradient, mass matrix, Welford moments, the tree's
+    states and momentum sums) is sharded the same way and its inner products are local sums
+    and one all-reduce of a scalar (tests/infer/test_sampler.py reads the compiled step).
+
+    ``numpyro`` (:func:`numpyro_latent`): the pytree ``Latents(theta, s)``, which NumPyro ravels
+    wherever it needs one vector (mass matrix, kinetic energy, U-turn test, the tree's momentum
+    checkpoints); that ravel concatenates the replicated scalars with the sharded field, so the
+    field is gathered inside every leapfrog step. Kept to measure the sharded one against
+    (docs/benchmarks.md). Same potential, same precise energies, same schedule.
     """
 
-    def __init__(self, post: Posterior, kernel: str = "nuts", num_warmup: int = 100, target_accept: float = 0.8,
-                 max_tree_depth: int = 6, num_steps: int = 16, step_size: float = 0.1):
-        from numpyro.infer.hmc import hmc  # noqa: PLC0415
+    name: str
+    dim: int  # length of the vector NumPyro sees (the kinetic energy's offset is half of it)
+    pytree: bool  # the latent is a pytree, raveled by NumPyro
+    layout_dependent: bool  # its order depends on pdims: a checkpoint is reordered on another layout
+    potential_gen: Callable  # data -> (latent -> U - offset, precise)
+    to_latent: Callable  # a flat latent [size] -> the latent NumPyro sees
+    unit_mass: Callable  # dtype -> ones [dim], placed
+    latents: Callable  # one chain's state -> (theta, s)
+    shardings: Callable  # a state pytree (chain axis first or not) -> its shardings
 
-        if kernel not in KERNELS:
-            raise ValueError(f"inference.kernel must be one of {KERNELS}, got {kernel!r}")
-        self.post, self.kernel, self.num_warmup = post, kernel, int(num_warmup)
-        self.target_accept, self.max_tree_depth = float(target_accept), int(max_tree_depth)
-        self.num_steps, self.step_size = int(num_steps), float(step_size)
-        self.layout = post.layout
-        self._init_kernel, self._sample_kernel = hmc(potential_fn_gen=self._potential_gen,
-                                                     kinetic_fn=kinetic_energy(self.dim, pytree=self.pytree),
-                                                     algo="NUTS" if kernel == "nuts" else "HMC")
-        self._traced_init = False
 
-    # -- the seam -------------------------------------------------------------------------
-    def init(self, z0, keys, data: Data):
-        """The states of the chains at ``z0 [C, size]`` with ``keys [C, 2]`` (jitted; placed
-        with :meth:`shardings`)."""
-        init = self._chains_init
-        fn = jax.jit(init, out_shardings=self.shardings(jax.eval_shape(init, z0, keys, data)))
-        self._traced_init = True
-        return fn(z0, keys, data)
+def sharded_latent(post: Posterior) -> LatentLayout:
+    """The ``sharded`` latent: ``post``'s flat layout (needs ``post.layout`` and
+    ``post.potential_flat``)."""
+    lay = post.layout
+    mesh, size = lay.mesh, lay.size
+    rep = NamedSharding(mesh, P())
 
-    def step(self, state, data: Data):
-        """One transition; returns ``(state, StepInfo)`` (traceable)."""
-        if not self._traced_init:  # NumPyro's sample_kernel reads what init_kernel set up
-            jax.eval_shape(self._init_fn, jax.ShapeDtypeStruct(state.z.shape, state.z.dtype),
-                           jax.ShapeDtypeStruct(state.rng_key.shape, state.rng_key.dtype), data)
-            self._traced_init = True
-        new = self._sample_kernel(state, model_args=(data,))
-        new = jax.lax.with_sharding_constraint(new, self.shardings(new))
-        depth = tree_depth(new.num_steps) if self.kernel == "nuts" else jnp.zeros((), jnp.int32)
-        info = StepInfo(new.potential_energy, new.energy, new.diverging, new.num_steps, depth, new.accept_prob,
-                        new.mean_accept_prob, new.adapt_state.step_size)
-        return new, info
-
-    # what differs between the layouts
-    pytree = False  # the latent NumPyro sees is one flat vector
-    layout_dependent = True  # its order depends on pdims: a checkpoint is reordered on another layout
-
-    @property
-    def dim(self) -> int:
-        """Length of the latent NumPyro sees (the kinetic energy's offset is half of it)."""
-        return self.layout.size
-
-    def _potential_gen(self, data):
-        return lambda z: self.post.potential_flat(z, data, precise=True)
-
-    def _latent(self, flat):
-        return flat
-
-    def _unit_mass(self, dtype):
-        return jax.lax.with_sharding_constraint(jnp.ones((self.layout.size,), dtype), self.layout.sharding)
-
-    def latents(self, state):
-        """``(theta, s)`` of one chain's state (traceable)."""
-        return self.layout.unpack(state.z)
-
-    @staticmethod
-    def iteration(state):
-        """Transitions done (warm-up included)."""
-        return state.i
-
-    def state_template(self, z0, keys, data: Data):
-        """``ShapeDtypeStruct`` s with shardings (``z0 [C, size]``, ``keys [C, 2]``): the
-        target to restore a checkpoint onto."""
-        shapes = jax.eval_shape(self._chains_init, z0, keys, data)
-        self._traced_init = True
-        shard = self.shardings(shapes)
-        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) if hasattr(s, "shape")
-                            else s, shapes, shard)
-
-    def shardings(self, tree):
-        """Every flat-latent-sized vector sharded like the latent (a leading chain axis, where
-        there is one, unsharded), everything else replicated."""
-        mesh, size = self.layout.mesh, self.layout.size
-        rep = NamedSharding(mesh, P())
+    def shardings(tree):
+        """Every flat-latent-sized vector sharded like the latent (a leading chain axis,
+        where there is one, unsharded), everything else replicated."""
 
         def one(x):
             shape = tuple(np.shape(x))  # np.shape: HMC's state holds Python scalars beside the arrays
@@ -195,59 +141,135 @@ class NumpyroKernel:
 
         return jax.tree.map(one, tree)
 
-    # -- internals ------------------------------------------------------------------------
-    def _chains_init(self, z0, keys, data):
-        return jax.vmap(self._init_fn, in_axes=(0, 0, None))(z0, keys, data)
-
-    def _init_fn(self, z0, key, data):
-        imm = self._unit_mass(z0.dtype)
-        kw = dict(num_steps=self.num_steps) if self.kernel == "hmc" else dict(max_tree_depth=self.max_tree_depth)
-        return self._init_kernel(self._latent(z0), self.num_warmup, step_size=self.step_size, inverse_mass_matrix=imm,
-                                 adapt_step_size=True, adapt_mass_matrix=True, dense_mass=False,
-                                 target_accept_prob=self.target_accept, model_args=(data,), rng_key=key, **kw)
+    return LatentLayout(
+        name="sharded", dim=size, pytree=False, layout_dependent=True,
+        potential_gen=lambda data: lambda z: post.potential_flat(z, data, precise=True),
+        to_latent=lambda flat: flat,
+        unit_mass=lambda dtype: jax.lax.with_sharding_constraint(jnp.ones((size,), dtype), lay.sharding),
+        latents=lambda state: lay.unpack(state.z),
+        shardings=shardings)
 
 
-class StockKernel(NumpyroKernel):
-    """NumPyro's NUTS or HMC on NumPyro's own flattening of the latents: the ``numpyro``
-    sampler, kept to measure the sharded one against (docs/benchmarks.md).
+def numpyro_latent(post: Posterior) -> LatentLayout:
+    """The ``numpyro`` latent: the pytree ``Latents(theta, s)``; a global pytree and vectors
+    in ravel order, so any device layout reads its checkpoints."""
+    from fli.infer.model import Latents  # noqa: PLC0415
+    from fli.sharding import field_leaf_shardings  # noqa: PLC0415
 
-    The latent is the pytree ``Latents(theta, s)``; NumPyro ravels it wherever it needs one
-    vector (mass matrix, kinetic energy, U-turn test, the tree's momentum checkpoints), and
-    that ravel concatenates the replicated scalars with the sharded field: the field is
-    gathered inside every leapfrog step. Same potential, same precise energies, same schedule.
+    lay = post.layout
+    return LatentLayout(
+        name="numpyro", dim=post.dim, pytree=True, layout_dependent=False,
+        potential_gen=lambda data: lambda lat: post.potential(lat, data, precise=True),
+        to_latent=lambda flat: Latents(*lay.unpack(flat)),
+        unit_mass=lambda dtype: jnp.ones((post.dim,), dtype),
+        latents=lambda state: (state.z.theta, state.z.s),
+        shardings=lambda tree: field_leaf_shardings(tree, lay.mesh, lay.shape))
+
+
+LATENTS = {"sharded": sharded_latent, "numpyro": numpyro_latent}
+
+
+class Kernel(NamedTuple):
+    """A kernel as data: pure functions over a NamedTuple state (every leaf with the chain
+    axis first where a function says ``chains``).
+
+    Attributes:
+        name: ``"nuts"`` or ``"hmc"``.
+        latent: the :class:`LatentLayout` it samples.
+        init: ``(z0 [C, size], keys [C, 2], data) -> state`` of ``C`` chains (jitted, placed).
+        step: ``(state, data) -> (state, StepInfo)``: one transition of one chain (traceable;
+            needs no ``init`` in this process, so it runs on a restored state).
+        latents: one chain's state -> ``(theta, s)`` (traceable).
+        iteration: one chain's state -> transitions done, warm-up included.
+        template: ``(z0, keys, data) -> `` the state's ``ShapeDtypeStruct`` s with shardings,
+            the target a checkpoint is restored onto (``z0``, ``keys`` may be abstract).
+        shardings: a state pytree -> its shardings.
     """
 
-    pytree = True
-    layout_dependent = False  # a global pytree and vectors in ravel order: any layout reads them
+    name: str
+    latent: LatentLayout
+    init: Callable
+    step: Callable
+    latents: Callable
+    iteration: Callable
+    template: Callable
+    shardings: Callable
 
     @property
     def dim(self) -> int:
-        return self.post.dim
+        return self.latent.dim
 
-    def _potential_gen(self, data):
-        return lambda lat: self.post.potential(lat, data, precise=True)
-
-    def _latent(self, flat):
-        from fli.infer.model import Latents  # noqa: PLC0415
-
-        return Latents(*self.layout.unpack(flat))
-
-    def _unit_mass(self, dtype):
-        return jnp.ones((self.post.dim,), dtype)
-
-    def latents(self, state):
-        return state.z.theta, state.z.s
-
-    def shardings(self, tree):
-        """Field-shaped leaves (a leading chain axis unsharded) sharded like the field;
-        everything else replicated."""
-        from fli.sharding import field_leaf_shardings  # noqa: PLC0415
-
-        return field_leaf_shardings(tree, self.layout.mesh, self.layout.shape)
+    @property
+    def layout_dependent(self) -> bool:
+        return self.latent.layout_dependent
 
 
-def make_kernel(post: Posterior, sampler: str = "sharded", **kw) -> NumpyroKernel:
-    """The kernel of ``inference.sampler``: ``sharded`` or ``numpyro``."""
+def numpyro_kernel(post: Posterior, latent: LatentLayout, kernel: str = "nuts", num_warmup: int = 100,
+                   target_accept: float = 0.8, max_tree_depth: int = 6, num_steps: int = 16,
+                   step_size: float = 0.1) -> Kernel:
+    """NumPyro's NUTS or HMC (its functional ``hmc`` API, precise energies) on ``latent``.
+
+    Args:
+        post: the posterior (``latent`` was made from it).
+        latent: :func:`sharded_latent` or :func:`numpyro_latent` of ``post``.
+        kernel: ``"nuts"`` or ``"hmc"``.
+        num_warmup: warm-up transitions (step size and diagonal mass matrix adapted).
+        target_accept: dual averaging's target acceptance probability, in (0, 1).
+        max_tree_depth: NUTS's largest tree depth.
+        num_steps: HMC's leapfrog steps per trajectory.
+        step_size: the first step size (dual averaging starts from a heuristic search around it).
+    """
+    from numpyro.infer.hmc import hmc  # noqa: PLC0415
+
+    if kernel not in KERNELS:
+        raise ValueError(f"inference.kernel must be one of {KERNELS}, got {kernel!r}")
+    num_warmup, num_steps, max_tree_depth = int(num_warmup), int(num_steps), int(max_tree_depth)
+    init_kernel, sample_kernel = hmc(potential_fn_gen=latent.potential_gen,
+                                     kinetic_fn=kinetic_energy(latent.dim, pytree=latent.pytree),
+                                     algo="NUTS" if kernel == "nuts" else "HMC")
+    size = post.layout.size
+
+    def init_one(z0, key, data):
+        kw = dict(num_steps=num_steps) if kernel == "hmc" else dict(max_tree_depth=max_tree_depth)
+        return init_kernel(latent.to_latent(z0), num_warmup, step_size=float(step_size),
+                           inverse_mass_matrix=latent.unit_mass(z0.dtype), adapt_step_size=True,
+                           adapt_mass_matrix=True, dense_mass=False, target_accept_prob=float(target_accept),
+                           model_args=(data,), rng_key=key, **kw)
+
+    def chains_init(z0, keys, data):
+        return jax.vmap(init_one, in_axes=(0, 0, None))(z0, keys, data)
+
+    def init(z0, keys, data):
+        fn = jax.jit(chains_init, out_shardings=latent.shardings(jax.eval_shape(chains_init, z0, keys, data)))
+        return fn(z0, keys, data)
+
+    def step(state, data):
+        # NumPyro's sample_kernel reads settings (tree depth, adaptation schedule) that its
+        # init_kernel sets in closures; tracing init's shapes first makes step work on any
+        # state, e.g. one restored from a checkpoint in a process that never called init
+        dtype = jax.tree.leaves(state.z)[0].dtype
+        jax.eval_shape(init_one, jax.ShapeDtypeStruct((size,), dtype),
+                       jax.ShapeDtypeStruct(state.rng_key.shape, state.rng_key.dtype), data)
+        new = sample_kernel(state, model_args=(data,))
+        new = jax.lax.with_sharding_constraint(new, latent.shardings(new))
+        depth = tree_depth(new.num_steps) if kernel == "nuts" else jnp.zeros((), jnp.int32)
+        info = StepInfo(new.potential_energy, new.energy, new.diverging, new.num_steps, depth, new.accept_prob,
+                        new.mean_accept_prob, new.adapt_state.step_size)
+        return new, info
+
+    def template(z0, keys, data):
+        shapes = jax.eval_shape(chains_init, z0, keys, data)
+        shard = latent.shardings(shapes)
+        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) if hasattr(s, "shape")
+                            else s, shapes, shard)
+
+    return Kernel(name=kernel, latent=latent, init=init, step=step, latents=latent.latents,
+                  iteration=lambda state: state.i, template=template, shardings=latent.shardings)
+
+
+def make_kernel(post: Posterior, sampler: str = "sharded", **kw) -> Kernel:
+    """The kernel of ``inference.sampler`` (``sharded`` or ``numpyro``) with the keyword
+    arguments of :func:`numpyro_kernel`."""
     if sampler not in SAMPLERS:
         raise ValueError(f"inference.sampler must be one of {SAMPLERS}, got {sampler!r}")
-    return (NumpyroKernel if sampler == "sharded" else StockKernel)(post, **kw)
+    return numpyro_kernel(post, LATENTS[sampler](post), **kw)

@@ -27,12 +27,12 @@ from fli.infer.checkpoint import (
     CheckpointError,
     CheckpointMismatch,
     all_steps,
-    check_resumable,
     latest_step,
     read_meta,
     restore_checkpoint,
     save_checkpoint,
 )
+from fli.infer.config_keys import check_resumable
 from fli.sharding import field_sharding, make_mesh, replicated, white_noise
 from tests.helpers.processes import ROOT, free_port, launch
 

@@ -18,7 +18,7 @@ import pytest
 
 from fli.cli.nuts import main as nuts_main
 from fli.infer import checkpoint as ckpt
-from fli.infer.nuts import complete_chunks, read_chunks
+from fli.infer.run_store import complete_chunks, read_chunks
 from tests.helpers.posterior import CHAIN, SMALL
 from tests.helpers.processes import ROOT
 
@@ -198,7 +198,7 @@ def test_a_given_point_starts_the_chain_there(tmp_path):
     sets any of them and the white noise; what is not given is drawn, and nuts.json says which."""
     import jax
 
-    from fli.infer.nuts import point_start
+    from fli.infer.start import point_start
     from tests.helpers.posterior import small_posterior
 
     post, _, lat = small_posterior()

@@ -52,7 +52,7 @@ def test_nuts_matches_the_gaussian_posterior_of_the_linear_forward(tmp_path):
     from fli.infer.laplace import cg
     from fli.infer.map import prepare
     from fli.infer.model import Latents
-    from fli.infer.nuts import complete_chunks, read_chunks
+    from fli.infer.run_store import complete_chunks, read_chunks
 
     mock, run = tmp_path / "mock", tmp_path / "nuts"
     assert mock_main([*LINEAR, f"run_dir={mock}"]) == 0

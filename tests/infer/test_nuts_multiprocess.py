@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fli.infer.nuts import complete_chunks, read_chunks
+from fli.infer.run_store import complete_chunks, read_chunks
 from tests.helpers.posterior import SMALL
 from tests.helpers.processes import ROOT, free_port
 

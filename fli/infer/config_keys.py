@@ -1,0 +1,143 @@
+"""Which config keys may differ between runs that continue or join one another, and the one
+way two resolved configs are compared.
+
+Three questions, one comparison (:func:`differences`):
+
+* **resume or extend** a fli-nuts run (:data:`SAMPLING_MAY_CHANGE`) or a fli-map run
+  (:data:`MAP_MAY_CHANGE`): only keys that extend, re-place or re-report a run may change;
+* **start a chain at a MAP** (``init=<fli-map run>``): the model parts (:data:`MODEL_PARTS`)
+  must agree, except how gradients are taken (:data:`MODEL_NEUTRAL`);
+* **combine chains** in fli-diagnose (:data:`CHAINS_MAY_DIFFER`): chains of one posterior may
+  differ in their seed, start, draw counts, layout and sampler layout.
+
+Keys are dotted prefixes: ``"inference.map"`` covers every key under it. Values compare as
+config values: numbers by value (1 == 1.0, nan == nan), anything else by type and value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from fli.config import ConfigError
+from fli.files import jsonable
+
+# where a run is, how it reports and what it ran on: never part of what it computes
+PLACEMENT = ("run_dir", "progress", "compilation_cache", "distributed", "name")
+# fli-diagnose's keys: they do not change a chain or a MAP (a checkpoint written before they
+# existed lacks them)
+DIAGNOSE = ("diagnose", "runs", "sweep")
+# fli-nuts's keys, which fli-map ignores
+SAMPLER = tuple(f"inference.{k}" for k in ("kernel", "num_warmup", "num_samples", "max_tree_depth", "num_steps",
+                                           "step_size", "target_accept", "chunk", "field_thin", "init_redraw",
+                                           "chains_per_run", "sampler"))
+# a fli-nuts run resumed or extended: more draws, another start or another MAP config
+SAMPLING_MAY_CHANGE = ("inference.num_samples", "inference.map", *PLACEMENT, "init", "inference.init_redraw",
+                       *DIAGNOSE)
+# a fli-map run resumed: a larger budget, other stopping and reporting settings
+MAP_MAY_CHANGE = ("inference.map.steps", "inference.map.tol", "inference.map.patience",
+                  "inference.map.checkpoint_every", "inference.map.laplace", "inference.map.cg_tol",
+                  "inference.map.cg_maxiter", "inference.map.compare_truth", *SAMPLER, *DIAGNOSE, "init",
+                  *PLACEMENT)
+# chains of one posterior: the start differs between chains on purpose (R-hat compares chains
+# from spread starts), and both sampler layouts sample the same posterior
+CHAINS_MAY_DIFFER = ("seed", *PLACEMENT, "init", "inference.num_samples", "inference.num_warmup",
+                     "inference.chunk", "inference.field_thin", "inference.init_redraw", "inference.map",
+                     "inference.chains_per_run", "inference.sampler", *DIAGNOSE)
+# what defines the posterior a MAP or a chain belongs to
+MODEL_PARTS = ("simulation", "lensing", "survey", "prior")
+MODEL_NEUTRAL = ("simulation.adjoint",)  # how gradients are taken does not change the posterior
+
+ABSENT = "<absent>"
+_ABSENT = object()
+
+
+def under(key: str, prefix: str) -> bool:
+    """Whether dotted ``key`` is ``prefix`` or lies under it."""
+    return key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "[")
+
+
+def differences(a: dict, b: dict, ignore: Sequence[str] = (), only: Sequence[str] | None = None
+                ) -> list[tuple[str, Any, Any]]:
+    """``[(dotted key, value in a, value in b)]`` where two resolved configs differ, in
+    ``a``'s order then keys new in ``b``; a key missing on one side has the value
+    :data:`ABSENT`. Keys under ``ignore`` are skipped; with ``only``, only keys under it count."""
+    out = []
+    for key, x, y in _walk(jsonable(a), jsonable(b), ""):
+        if any(under(key, p) for p in ignore) or (only is not None and not any(under(key, p) for p in only)):
+            continue
+        out.append((key, ABSENT if x is _ABSENT else x, ABSENT if y is _ABSENT else y))
+    return out
+
+
+def leaves(config: dict, ignore: Sequence[str] = ()) -> dict[str, Any]:
+    """``{dotted key: value}`` of every leaf of a resolved config (lists are leaves), without
+    the keys under ``ignore``."""
+    out = {}
+
+    def walk(x, key):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif not any(under(key, p) for p in ignore):
+            out[key] = x
+
+    walk(jsonable(config), "")
+    return out
+
+
+def _walk(a, b, key: str) -> Iterator[tuple[str, Any, Any]]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in [*a, *(k for k in b if k not in a)]:
+            sub = f"{key}.{k}" if key else str(k)
+            yield from _walk(a.get(k, _ABSENT), b.get(k, _ABSENT), sub)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            yield from _walk(x, y, f"{key}[{i}]")
+    elif not _same(a, b):
+        yield key, a, b
+
+
+def _same(a, b) -> bool:
+    """Equal config values: numbers by value (1 == 1.0, nan == nan), anything else by type and
+    value (True is not 1, "1" is not 1)."""
+    if _is_number(a) and _is_number(b):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    return type(a) is type(b) and a == b
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def show(x) -> str:
+    """A config value for a message: strings quoted ("100" and 100 must not read alike)."""
+    text = json.dumps(x)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_resumable(saved: dict, current: dict, may_change: Sequence[str] = (), *,
+                    where: str | None = None) -> None:
+    """Refuse to resume when the resolved config changed outside ``may_change``.
+
+    Args:
+        saved: the resolved config stored in the checkpoint's meta (nested plain dicts/lists).
+        current: this run's resolved config (``OmegaConf.to_container(cfg, resolve=True)``).
+        may_change: dotted key prefixes that may differ (:data:`SAMPLING_MAY_CHANGE`, ...).
+        where: how the message names the checkpoint; default ``run_dir <current run_dir>``.
+    Raises:
+        ConfigError: naming the first differing dotted key (in the saved config's order, then
+            keys new in ``current``) and both values; added and removed keys count.
+    """
+    if where is None:
+        where = f"run_dir {current['run_dir']}" if "run_dir" in current else "the checkpoint"
+    for key, x, y in differences(saved, current, ignore=may_change):
+        if x is ABSENT:
+            what = f"was made without {key}; this run has {key} = {show(y)}"
+        elif y is ABSENT:
+            what = f"was made with {key} = {show(x)}; this run has no {key}"
+        else:
+            what = f"was made with {key} = {show(x)}; this run has {show(y)}"
+        raise ConfigError(f"{where} {what}: use another run_dir or the same config")

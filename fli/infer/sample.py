@@ -1,0 +1,277 @@
+"""The run loop of a sampling run (``fli-nuts``): chains in chunks, outputs and checkpoints
+after each, resumable and extendable.
+
+Every process runs the same code and the same jitted programs; process 0 writes the small
+files, each process its own blocks of the fields. The loop: read the observation and build the
+posterior; start the chains (:mod:`fli.infer.start`) or restore them from the last checkpoint
+(on another device layout through :mod:`fli.infer.relayout`); then, per chunk, run the chunk
+program (:mod:`fli.infer.chunk`), write the chunk and the running statistics
+(:mod:`fli.infer.run_store`), save the checkpoint, mark the chunk complete, rewrite
+``posterior.nc`` (:mod:`fli.infer.inference_data`) and log one progress line. ``nuts.json``
+is written last. On the same layout the resumed chain is the uninterrupted one, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import yaml
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from fli.config import Config
+from fli.files import write_json
+from fli.infer import checkpoint as ckpt
+from fli.infer.chunk import Accum, Draws, accum_of_chain, make_chunk, take_chain, zero_accum
+from fli.infer.config_keys import SAMPLING_MAY_CHANGE, check_resumable
+from fli.infer.inference_data import kappa_summary, write_combined_inference_data, write_inference_data
+from fli.infer.layout import FLAT_SPEC
+from fli.infer.model import Posterior
+from fli.infer.params import reported_names
+from fli.infer.run_store import (
+    CHECKPOINTS,
+    NUTS_JSON,
+    chain_dir,
+    complete_chunks,
+    count_post_divergences,
+    mark_chunk,
+    read_chunks,
+    tidy_chunks,
+    write_chunk,
+    write_config,
+    write_running,
+)
+from fli.infer.sampler import Kernel, make_kernel
+from fli.infer.start import chain_keys, initial_point
+from fli.lensing import MAP_SPEC
+from fli.power import default_kedges
+from fli.sharding import replicated_to_host
+
+# the field names of Accum in checkpoints written before they were renamed
+_LEGACY_ACCUM = {"mean_k": "mean_kappa", "m2_k": "m2_kappa"}
+
+
+def kernel_of(cfg: Config, post: Posterior) -> Kernel:
+    """The kernel of a run's ``inference`` config."""
+    i = cfg.inference
+    return make_kernel(post, i.sampler, kernel=i.kernel, num_warmup=i.num_warmup, target_accept=i.target_accept,
+                       max_tree_depth=i.max_tree_depth, num_steps=i.num_steps, step_size=i.step_size)
+
+
+def _state(kstate, acc: Accum) -> dict:
+    return {"kernel": kstate, "acc": acc}
+
+
+def _last_checkpoint(ckpt_dir: Path, resolved: dict, run_dir: Path) -> tuple[int | None, dict | None]:
+    """The last complete checkpoint's step and meta, after checking that this run may
+    continue it (every process asks: a collective)."""
+    last = ckpt.latest_step(ckpt_dir)
+    if last is None:
+        return None, None
+    meta = ckpt.read_meta(ckpt_dir, last)
+    # runs made before inference.sampler existed all sampled the flat, sharded latent
+    meta["config"].setdefault("inference", {}).setdefault("sampler", "sharded")
+    check_resumable(meta["config"], resolved, SAMPLING_MAY_CHANGE, where=f"run_dir {run_dir}")
+    return last, meta
+
+
+def _restore(ckpt_dir: Path, last: int, meta: dict, ktemplate, post: Posterior, kernel: Kernel, n_chains: int):
+    """The kernel state and running statistics of checkpoint ``last``, on this device layout."""
+    acc_t = zero_accum(post, n_chains)
+    saved_paths = {rec["path"] for rec in ckpt.read_leaves(ckpt_dir, last)}
+    legacy = any(f"['acc'].{old}" in saved_paths for old in _LEGACY_ACCUM)
+    if legacy:  # a checkpoint of an older fli: Accum's fields under their former names
+        acc_t = _legacy_accum(acc_t)
+    template = _state(ktemplate, acc_t)
+    if list(meta["pdims"]) != list(post.fwd.grid.pdims) and kernel.layout_dependent:
+        from fli.infer.relayout import restore_on_new_layout  # noqa: PLC0415
+
+        state = restore_on_new_layout(ckpt_dir, last, template, meta, post)
+    else:
+        state, _ = ckpt.restore_checkpoint(ckpt_dir, last, template)
+    return state["kernel"], Accum(*state["acc"])
+
+
+def _legacy_accum(acc: Accum):
+    from collections import namedtuple  # noqa: PLC0415
+
+    names = [next((o for o, n in _LEGACY_ACCUM.items() if n == f), f) for f in Accum._fields]
+    return namedtuple("Accum", names)(*acc)
+
+
+def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> dict:
+    """Sample (or resume) the run's chains into ``run_dir``; returns the content of ``nuts.json``."""
+    from fli.infer.map import prepare  # noqa: PLC0415
+
+    run_dir = Path(run_dir)
+    icfg = cfg.inference
+    n_chains = icfg.chains_per_run
+    obs, post, data = prepare(cfg, log, compare_truth=False)
+    total = icfg.num_warmup + icfg.num_samples
+    ckpt_dir = run_dir / CHECKPOINTS
+    last, meta = _last_checkpoint(ckpt_dir, resolved, run_dir)
+    if meta is not None and (run_dir / NUTS_JSON).exists() and meta["draws"] >= total:
+        # a sweep started again after a crash passes over its finished jobs: nothing is rewritten
+        log.info("run_dir %s already holds a finished run of %d draws (%s): nothing to do; raise "
+                 "inference.num_samples to extend it", run_dir, meta["draws"], NUTS_JSON)
+        return json.loads((run_dir / NUTS_JSON).read_text())
+    grid, lay = post.fwd.grid, post.layout
+    chain_dirs = [chain_dir(run_dir, c, n_chains) for c in range(n_chains)]
+    kernel = kernel_of(cfg, post)
+    k_inits, k_kernels = chain_keys(cfg.seed, n_chains)
+    zsh = NamedSharding(grid.mesh, P(None, *FLAT_SPEC))
+    t0 = time.perf_counter()
+    if last is None:
+        starts = [initial_point(cfg, post, obs, k, log) for k in k_inits]
+        init_desc = starts[0][1]
+        z0 = jax.jit(lambda *zs: jnp.stack(zs), out_shardings=zsh)(*[z for z, _ in starts])
+        del starts
+        kstate = kernel.init(z0, k_kernels, data)
+        acc = zero_accum(post, n_chains)
+        acc = acc._replace(grads=acc.grads + 1)
+        done, seconds0, chunk0 = 0, 0.0, 0
+    else:
+        z0 = jax.ShapeDtypeStruct((n_chains, lay.size), grid.jdtype, sharding=zsh)
+        kstate, acc = _restore(ckpt_dir, last, meta, kernel.template(z0, k_kernels, data), post, kernel, n_chains)
+        done, seconds0, chunk0, init_desc = int(meta["draws"]), float(meta["seconds"]), last + 1, meta["init"]
+        log.info("resuming after chunk %d (%d draws done; saved on pdims %s, now %s)", last, done, meta["pdims"],
+                 list(grid.pdims))
+    for d in chain_dirs:
+        tidy_chunks(d, last, log)
+    for d in dict.fromkeys([run_dir, *chain_dirs]):
+        write_config(d, resolved)
+    if done >= total:
+        log.info("nothing to do: %d draws done of %d", done, total)
+    kedges = default_kedges(grid.fft, grid.box)
+    k_centres = 0.5 * (kedges[1:] + kedges[:-1])
+    grid_info = {"shape": list(grid.shape), "box": list(grid.box), "pdims": list(grid.pdims)}
+    names = post.names
+    programs: dict[int, object] = {}
+    log.info("%s on %d latents (%s field, %s, %d warm-up + %d draws in chunks of %d; %s forward, %s light cone%s); "
+             "start: %s", icfg.kernel.upper(), post.dim, "x".join(map(str, grid.shape)),
+             ", ".join(names), icfg.num_warmup, icfg.num_samples, icfg.chunk, post.fwd.kind, post.fwd.lightcone,
+             f"; {n_chains} vectorised chains" if n_chains > 1 else "",
+             init_desc.get("init") if isinstance(init_desc, dict) else init_desc)
+    observed = {"noise_sigma": np.asarray(obs.noise_sigma, np.float64).reshape(-1),
+                **kappa_summary(obs)}  # a collective where the map is sharded over processes
+    attrs = {"config": yaml.safe_dump(resolved, sort_keys=False), "pdims": list(grid.pdims),
+             "layout": ("flat P(('x','y')), per-device [field block | tail]" if icfg.sampler == "sharded"
+                        else "NumPyro's ravel of (theta, field)"), "kernel": icfg.kernel, "sampler": icfg.sampler,
+             "energy_offset": post.energy_offset + 0.5 * kernel.dim, "init": init_desc}
+    i = chunk0
+    t_start = time.perf_counter()
+    n_div_post = sum(count_post_divergences(d) for d in chain_dirs)
+    s_spec, k_spec = P(None, *grid.sharding.spec), P(None, *MAP_SPEC)
+    while done < total:
+        n = min(icfg.chunk, total - done)
+        if n not in programs:
+            tc = time.perf_counter()
+            prog = make_chunk(kernel, post, n, icfg.field_thin, icfg.num_warmup, kedges)
+            programs[n] = prog.lower(kstate, acc, data).compile()
+            log.info("compiled the %d-draw chunk program in %.1f s", n, time.perf_counter() - tc)
+        tc = time.perf_counter()
+        kstate, acc, draws, fields = programs[n](kstate, acc, data)
+        jax.block_until_ready(kstate)
+        dt = time.perf_counter() - tc
+        seconds = seconds0 + dt * (np.arange(1, n + 1) / n)
+        host = jax.tree.map(replicated_to_host, draws)  # replicated per-draw scalars [n, chains]
+        for c, d in enumerate(chain_dirs):
+            f_c = None if fields is None else (take_chain(fields[0], c, 1, s_spec), take_chain(fields[1], c, 1, k_spec))
+            write_chunk(d, i, done, icfg.num_warmup, jax.tree.map(lambda x, c=c: x[:, c], host), f_c,
+                        icfg.field_thin, k_centres, seconds, grid_info)
+            write_running(d, accum_of_chain(acc, c, grid), grid_info)
+        done += n
+        seconds0 += dt
+        meta = {"config": resolved, "draws": done, "chunk": i, "pdims": list(grid.pdims), "seconds": seconds0,
+                "init": init_desc, "time": time.time(), "layout_size": lay.size, "n_params": post.prior.n,
+                "chains": n_chains}
+        ckpt.save_checkpoint(ckpt_dir, i, _state(kstate, acc), meta)
+        for d in chain_dirs:
+            mark_chunk(d, i)
+        for d in chain_dirs:
+            write_inference_data(d, names, observed, {**attrs, "seconds": seconds0})
+        if n_chains > 1:
+            write_combined_inference_data(run_dir, chain_dirs)
+        post_mask = np.arange(done - n, done) >= icfg.num_warmup
+        n_div_post += int(np.sum(np.asarray(host.info.diverging)[post_mask]))
+        _progress(log, icfg, done, total, host, acc, dt / n, n_div_post, time.perf_counter() - t_start, i, chunk0)
+        i += 1
+    summaries = [_summary(d, icfg, post, seconds0, init_desc, time.perf_counter() - t0) for d in chain_dirs]
+    if n_chains == 1:
+        summary = summaries[0]
+    else:
+        for d, sm in zip(chain_dirs, summaries, strict=True):
+            write_json(d / NUTS_JSON, sm)
+        summary = _combined_summary(summaries, chain_dirs)
+    write_json(run_dir / NUTS_JSON, summary)
+    log.info("done: %d chain(s) of %d draws (%d after warm-up), %d divergences after warm-up, %d gradient "
+             "evaluations, %.1f s sampling; %s", n_chains, summaries[0]["draws"], summaries[0]["draws_post_warmup"],
+             sum(sm["divergences_post_warmup"] for sm in summaries), sum(sm["gradient_evals"] for sm in summaries),
+             seconds0, run_dir)
+    return summary
+
+
+def _combined_summary(summaries: list[dict], chain_dirs: list[Path]) -> dict:
+    s0 = summaries[0]
+    out = {k: s0[k] for k in ("kernel", "draws", "draws_post_warmup", "num_warmup", "chunks", "seconds_sampling",
+                              "seconds_this_run", "init", "dim", "pdims", "energy_note", "warmup_note")}
+    out.update(chains_per_run=len(summaries),
+               divergences_post_warmup=sum(s["divergences_post_warmup"] for s in summaries),
+               gradient_evals=sum(s["gradient_evals"] for s in summaries),
+               chains={d.name: {k: s[k] for k in ("divergences_post_warmup", "gradient_evals", "step_size",
+                                                  "mean_tree_depth", "params_mean")}
+                       for d, s in zip(chain_dirs, summaries, strict=True)},
+               vectorised_note="the chains advance together in one program: a draw of all of them takes as long as "
+                               "the deepest tree among them, so seconds_sampling is the run's, not per chain")
+    return out
+
+
+def _progress(log, icfg, done, total, draws: Draws, acc: Accum, per_draw, n_div, elapsed, i, chunk0) -> None:
+    """One line per chunk (rank 0); ``draws`` on the host, ``[n, chains]``; with several
+    chains the step size is each chain's and the rest is over all of them."""
+    info = draws.info
+    warm = min(done, icfg.num_warmup)
+    left = (total - done) * per_draw
+    steps = np.atleast_1d(np.asarray(info.step_size)[-1])
+    log.info("chunk %d: draws %d/%d (warm-up %d/%d), step size %s, tree depth %.1f (max %d), accept %.2f, "
+             "divergences after warm-up %d, gradient evaluations %d, %.2f s/draw, %s left", i, done, total, warm,
+             icfg.num_warmup, " ".join(f"{x:.3g}" for x in steps), float(np.mean(info.tree_depth)),
+             int(np.max(info.tree_depth)), float(np.mean(info.accept_prob)), n_div,
+             int(np.sum(replicated_to_host(acc.grads))), per_draw, _fmt_time(left))
+
+
+def _fmt_time(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _summary(run_dir: Path, icfg, post: Posterior, seconds: float, init_desc, wall: float) -> dict:
+    c = read_chunks(run_dir)
+    warm = c["draws"]["warmup"].astype(bool)
+    st = c["stats"]
+    return {
+        "kernel": icfg.kernel, "sampler": icfg.sampler, "draws": int(warm.size),
+        "draws_post_warmup": int((~warm).sum()),
+        "num_warmup": icfg.num_warmup, "chunks": len(complete_chunks(run_dir)),
+        "divergences_post_warmup": int(st["diverging"][~warm].sum()),
+        "gradient_evals": int(st["gradient_evals"][-1]), "seconds_sampling": seconds, "seconds_this_run": wall,
+        "step_size": float(st["step_size"][-1]), "mean_tree_depth": float(np.mean(st["tree_depth"][~warm]))
+        if (~warm).any() else None,
+        "params_mean": {k: float(np.mean(c["draws"][k][~warm])) for k in reported_names(post.names)}
+        if (~warm).any() else None,
+        "init": init_desc, "dim": post.dim, "pdims": list(post.fwd.grid.pdims),
+        "energy_note": "energies are H minus a constant offset (attrs.energy_offset of posterior.nc): "
+                       "float64 sums of float32 fields, see fli/infer/energy.py",
+        "warmup_note": "num_warmup from inference.num_warmup; NumPyro's windowed adaptation of the step size "
+                       "and the diagonal mass matrix runs over it",
+    }
+
