@@ -111,6 +111,20 @@ def test_extending_a_chain_continues_it_bit_for_bit(small_mock, chain, first_eig
                 np.testing.assert_array_equal(a[part][name], b[part][name], err_msg=f"{part}.{name}")
 
 
+@pytest.mark.slow(seconds=60)  # a new process compiles the posterior and the 4-draw chunk program
+def test_the_kernel_steps_a_restored_state_in_a_fresh_process_without_init(chain, small_mock):
+    """A kernel is pure functions: in a new process, the chain's checkpoint 1 restored onto
+    ``kernel.template`` and stepped by the chunk program, with ``kernel.init`` replaced by a
+    function that raises, gives the run's own chunk 2 draw for draw (same program, same
+    devices: bitwise)."""
+    worker = ROOT / "tests" / "helpers" / "kernel_worker.py"
+    proc = subprocess.run([sys.executable, str(worker), str(chain), str(small_mock), "1", "4", *SMALL, *CHAIN],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "max |draw difference| = 0.0" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
 def _run(args, **kw):
     return subprocess.run([sys.executable, "-m", "fli.cli.nuts", *args], capture_output=True, text=True, cwd=ROOT,
                           **kw)
