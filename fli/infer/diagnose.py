@@ -36,7 +36,7 @@ from fli.config import ConfigError, DiagnoseConfig
 from fli.files import write_json
 from fli.infer.config_keys import CHAINS_MAY_DIFFER, differences, leaves
 from fli.infer.inference_data import add_field_summaries, quiet_arviz
-from fli.infer.params import reported_names
+from fli.infer.params import names_of_run
 from fli.infer.run_store import (
     chains_of,
     chunks_being_written,
@@ -184,16 +184,11 @@ def consistent(chains: list[Chain]) -> tuple[list[Chain], list[tuple[Path, str]]
 # ================================================================ the InferenceData
 
 
-def param_names(config: dict) -> list[str]:
-    """The parameters a run reports: its sampled ones, then the derived ones."""
-    return reported_names((config.get("prior") or {}).get("sample") or [])
-
-
 def combine(chains: list[Chain]):
     """One InferenceData of the chains' first ``n`` post-warm-up draws, ``n`` the shortest's:
     ``posterior`` (the parameters), ``sample_stats``, ``field_summaries`` (P(k) per draw)."""
     n = min(c.n_post for c in chains)
-    names = param_names(chains[0].config)
+    names = names_of_run(chains[0].config)
 
     def stack(get):
         return np.stack([np.asarray(get(c))[:n] for c in chains])
@@ -378,7 +373,7 @@ def diagnose_chains(chains: list[Chain], dcfg: DiagnoseConfig) -> tuple[dict, ob
     """Every number and verdict of the chains (already consistent); returns (report, idata)."""
     idata = combine(chains)
     n = int(idata.posterior.sizes["draw"])
-    names = param_names(chains[0].config)
+    names = names_of_run(chains[0].config)
     conv = convergence(idata, names)
     field = field_convergence(idata)
     health = sampler_health(idata, chains)
@@ -444,9 +439,12 @@ def run_diagnose(cfg, resolved: dict, run_dir: Path, log: logging.Logger) -> dic
         idata.to_netcdf(str(run_dir / CHAINS_NC), engine="h5netcdf")
     report["inference_data"] = str(run_dir / CHAINS_NC)
     if cfg.diagnose.figures:
+        from fli.infer.diagnose_fields import figure_data  # noqa: PLC0415
         from fli.infer.diagnose_figures import figures  # noqa: PLC0415
 
-        report["figures"], report["figure_notes"] = figures(idata, chains, report, run_dir, cfg.diagnose, log)
+        notes: list[str] = []
+        data = figure_data(idata, chains, cfg.diagnose, notes)
+        report["figures"], report["figure_notes"] = figures(idata, chains, data, run_dir, log, notes), notes
     else:
         report["figures"], report["figure_notes"] = {}, ["diagnose.figures=false"]
     write_json(run_dir / DIAGNOSTICS_JSON, report)

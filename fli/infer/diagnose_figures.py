@@ -1,12 +1,12 @@
-"""Figures of ``fli-diagnose`` (matplotlib, Agg; one process).
+"""Figures of ``fli-diagnose`` (matplotlib, Agg; one process): each draws what
+:mod:`fli.infer.diagnose_fields` computed, and nothing else.
 
 ArviZ draws the trace, rank, pair (divergences, a mock's truth) and energy plots. The others:
-the S8 posterior against its prior (sampled through :class:`fli.infer.priors.PriorTransform`),
-the white noise's P(k) of the draws against the prior expectation (white noise of unit
-variance per cell: P = the cell volume), and with ``running.zarr`` and a mock's truth the
-posterior mean and standard deviation of the field (a slice), r(k) of the posterior mean with
-the truth, the posterior mass maps, and posterior-predictive residual maps of the thinned draws
-in ``fields.zarr``. A figure that cannot be drawn is skipped with a note saying why.
+the S8 posterior against its prior, the white noise's P(k) of the draws against the prior
+expectation, and with ``running.zarr`` and a mock's truth the posterior mean and standard
+deviation of the field (a slice), r(k) of the posterior mean with the truth, the posterior mass
+maps, and posterior-predictive residual maps of thinned draws. A figure that cannot be drawn is
+skipped with a note saying why.
 """
 
 from __future__ import annotations
@@ -17,30 +17,36 @@ from pathlib import Path
 import numpy as np
 
 from fli.infer.inference_data import quiet_arviz
-from fli.infer.params import reported_names, with_derived
-from fli.infer.run_store import pooled_running, read_thinned_kappa
+from fli.infer.params import names_of_run
 from fli.plots import pyplot, save_figure
 
 
-def figures(idata, chains, report: dict, run_dir: Path, dcfg, log: logging.Logger) -> tuple[dict, list[str]]:
-    """Draw every figure into ``run_dir``; returns ({name: path}, notes on what was skipped)."""
+def figures(idata, chains, data: dict, run_dir: Path, log: logging.Logger, notes: list[str]) -> dict:
+    """Draw every figure into ``run_dir`` from the InferenceData and ``data``
+    (:func:`fli.infer.diagnose_fields.figure_data`); returns ``{name: path}``, adding to
+    ``notes`` what was skipped."""
     import arviz as az  # noqa: PLC0415
 
     plt = pyplot()
-    out, notes = {}, []
-    names = reported_names((chains[0].config.get("prior") or {}).get("sample") or [])
-    truth = _truth(chains[0], notes)
-    ref = _reference(truth, names) if truth is not None else None
+    out = {}
+    config = chains[0].config
+    names = names_of_run(config)
+    ref, obs = data["ref"], data["obs"]
 
-    def arviz_fig(name, draw):
+    def draw(name, fn):
         try:
-            with quiet_arviz():
-                axes = draw()
-            fig = np.ravel(axes)[0].get_figure()
-            out[name] = str(save_figure(fig, run_dir / f"{name}.png"))
+            out[name] = str(fn())
         except Exception as e:  # noqa: BLE001  ArviZ refuses some degenerate chains (e.g. constant)
             notes.append(f"{name}: not drawn ({type(e).__name__}: {e})")
             plt.close("all")
+
+    def arviz_fig(name, fn):
+        def go():
+            with quiet_arviz():
+                axes = fn()
+            return save_figure(np.ravel(axes)[0].get_figure(), run_dir / f"{name}.png")
+
+        draw(name, go)
 
     arviz_fig("trace", lambda: az.plot_trace(idata, var_names=names, compact=False, divergences="bottom",
                                              figsize=(11, 2.2 * len(names)),
@@ -53,72 +59,30 @@ def figures(idata, chains, report: dict, run_dir: Path, dcfg, log: logging.Logge
                                            reference_values_kwargs={"color": "C3", "marker": "x",
                                                                     "markersize": 9}))
     arviz_fig("energy", lambda: az.plot_energy(idata, figsize=(6, 4)))
-    for name, fn in (("s8_prior", lambda: s8_prior(idata, chains[0].config, ref, run_dir / "s8_prior.png")),
-                     ("field_pk", lambda: field_pk(idata, chains[0], truth, run_dir / "field_pk.png"))):
-        try:
-            out[name] = str(fn())
-        except Exception as e:  # noqa: BLE001
-            notes.append(f"{name}: not drawn ({type(e).__name__}: {e})")
-            plt.close("all")
-    try:
-        out.update(field_figures(chains, truth, run_dir, dcfg.residual_draws, notes))
-    except Exception as e:  # noqa: BLE001
-        notes.append(f"field figures: not drawn ({type(e).__name__}: {e})")
-        plt.close("all")
+    if data["prior_s8"] is not None:
+        draw("s8_prior", lambda: s8_prior(idata, data["prior_s8"], ref, run_dir / "s8_prior.png"))
+    if "field_pk" in data:
+        draw("field_pk", lambda: field_pk(data["field_pk"], run_dir / "field_pk.png"))
+    pooled, has_truth = data["pooled"], obs is not None and obs.has_truth
+    fov = obs.fov_deg if obs is not None else float(config.get("lensing", {}).get("fov_deg", 1.0))
+    if pooled is not None:
+        truth_s = np.asarray(obs.white_noise) if has_truth else None
+        draw("field_slices", lambda: field_slices(pooled, truth_s, config, run_dir / "field_slices.png"))
+        draw("mass_maps", lambda: mass_maps(pooled, np.asarray(obs.kappa_true) if has_truth else None, fov,
+                                            run_dir / "mass_maps.png"))
+    if data["r_k"] is not None:
+        draw("r_k", lambda: r_of_k(data["r_k"], run_dir / "r_k.png"))
+    if data["residuals"]:
+        draw("residuals", lambda: residuals(data["residuals"], fov, run_dir / "residuals.png"))
     for n_ in notes:
         log.info("figures: %s", n_)
-    return out, notes
+    return out
 
 
-# ---------------------------------------------------------------- the truth of a mock
-
-
-def _truth(chain, notes):
-    """The mock's observation (with its truth) that the chain's run sampled, or None."""
-    from fli.io import load_observation  # noqa: PLC0415
-
-    mock = chain.config.get("mock")
-    if not mock:
-        notes.append("no mock in the run's config.yaml: no truth, no residual maps")
-        return None
-    try:
-        return load_observation(mock)
-    except (OSError, ValueError) as e:
-        notes.append(f"mock={mock} not readable ({e}): no truth, no residual maps")
-        return None
-
-
-def _reference(obs, names) -> dict | None:
-    if obs.truth is None:
-        return None
-    t = with_derived(dict(obs.truth))
-    return {k: float(t[k]) for k in names if k in t}
-
-
-# ---------------------------------------------------------------- parameters
-
-
-def prior_s8(config: dict, n: int = 20000, seed: int = 0) -> np.ndarray:
-    """Draws of S8 under the run's prior: sampled parameters through PriorTransform, the
-    others at the run's ``cosmology``."""
-    import jax  # noqa: PLC0415
-
-    from fli.config import to_config  # noqa: PLC0415
-    from fli.infer.priors import PriorTransform  # noqa: PLC0415
-
-    cfg = to_config({k: v for k, v in config.items() if k != "hydra"})
-    pt = PriorTransform.from_config(cfg.prior)
-    x = np.asarray(pt.sample(jax.random.PRNGKey(seed), (n,)), float)
-    p = {k: np.full(n, float(v)) for k, v in vars(cfg.cosmology).items()}
-    for i, name in enumerate(pt.names):
-        p[name] = x[:, i]
-    return with_derived(p)["S8"]
-
-
-def s8_prior(idata, config: dict, ref, path: Path) -> Path:
+def s8_prior(idata, prior: np.ndarray, ref, path: Path) -> Path:
+    """The posterior of S8 over draws of its prior."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6), constrained_layout=True)
-    prior = prior_s8(config)
     post = np.asarray(idata.posterior["S8"]).ravel()
     lo, hi = min(prior.min(), post.min()), max(prior.max(), post.max())
     bins = np.linspace(lo, hi, 60)
@@ -136,75 +100,27 @@ def s8_prior(idata, config: dict, ref, path: Path) -> Path:
 # ---------------------------------------------------------------- the field
 
 
-def _grid(config: dict):
-    """(FFT plan on one device, box [Mpc/h], cell volume [(Mpc/h)^3]) of a run's mesh."""
-    from fli.fft import make_fft  # noqa: PLC0415
-    from fli.sharding import make_mesh  # noqa: PLC0415
-
-    sim = config["simulation"]
-    shape, box = [int(n) for n in sim["mesh"]], [float(b) for b in sim["box"]]
-    return make_fft(make_mesh((1, 1)), shape, backend="pencil"), box, float(np.prod(box) / np.prod(shape))
-
-
-def field_pk(idata, chain, obs, path: Path) -> Path:
-    """P(k) of the white noise of the draws over the prior expectation (the cell volume)."""
-    import jax.numpy as jnp  # noqa: PLC0415
-
-    from fli.power import default_kedges, power_spectrum  # noqa: PLC0415
-
+def field_pk(sp: dict, path: Path) -> Path:
+    """P(k) of the white noise of the draws over the prior expectation (the cell volume);
+    ``sp``: :func:`fli.infer.diagnose_fields.white_noise_spectra`."""
     plt = pyplot()
-    plan, box, vcell = _grid(chain.config)
-    k = np.asarray(chain.k)
-    pk = np.asarray(idata.field_summaries["pk_white_noise"]).reshape(-1, k.size) / vcell
-    edges = default_kedges(plan, box)
-    _, _, nmodes = power_spectrum(jnp.zeros(plan.shape, jnp.float32), plan, box, edges)
-    nmodes = np.asarray(nmodes, float)
-    same_bins = nmodes.size == k.size  # the run's default bins (fli-nuts's kedges)
-    if same_bins:  # shells without a mode (a long box has many) carry no P(k)
-        keep = nmodes > 0
-        k, pk, nmodes = k[keep], pk[:, keep], nmodes[keep]
+    k, q = sp["k"], sp["q"]
     fig, ax = plt.subplots(figsize=(6.4, 3.8), constrained_layout=True)
-    q = np.percentile(pk, [2.5, 16, 50, 84, 97.5], axis=0)
     ax.fill_between(k, q[0], q[4], color="C0", alpha=0.2, label="draws: 95%")
     ax.fill_between(k, q[1], q[3], color="C0", alpha=0.35, label="draws: 68%")
     ax.plot(k, q[2], "C0-", lw=1.2, label="draws: median")
     ax.plot(k, np.ones_like(k), "k-", lw=0.8, label="prior expectation (P = cell volume)")
-    if same_bins:
-        sig = np.sqrt(2.0 / nmodes)
-        ax.plot(k, 1 + sig, "k:", lw=0.8, label=r"prior $\pm 1\sigma$ of one draw ($\sqrt{2/N_{modes}}$)")
-        ax.plot(k, 1 - sig, "k:", lw=0.8)
-    if same_bins and obs is not None and obs.white_noise is not None:
-        _, pt, _ = power_spectrum(jnp.asarray(obs.white_noise, jnp.float32), plan, box, edges)
-        ax.plot(k, np.asarray(pt)[keep] / vcell, "C3--", lw=1.0, label="truth")
+    if sp["sigma"] is not None:
+        ax.plot(k, 1 + sp["sigma"], "k:", lw=0.8, label=r"prior $\pm 1\sigma$ of one draw ($\sqrt{2/N_{modes}}$)")
+        ax.plot(k, 1 - sp["sigma"], "k:", lw=0.8)
+    if sp["truth"] is not None:
+        ax.plot(k, sp["truth"], "C3--", lw=1.0, label="truth")
     _logk(ax)
     ax.set_xlabel("k [h/Mpc]")
     ax.set_ylabel("P(k) / cell volume")
     ax.set_title("white noise of the posterior draws", fontsize=10)
     ax.legend(fontsize=7)
     return save_figure(fig, path)
-
-
-def field_figures(chains, obs, run_dir: Path, n_resid: int, notes) -> dict:
-    out = {}
-    pooled = pooled_running([c.run for c in chains], notes)
-    has_truth = obs is not None and obs.has_truth
-    fov = obs.fov_deg if obs is not None else float(chains[0].config.get("lensing", {}).get("fov_deg", 1.0))
-    if pooled is not None:
-        notes.append(f"field mean and standard deviation from running.zarr: {pooled['n']} post-warm-up draws "
-                     "of the chains (each chain's draws to its last checkpoint, not truncated)")
-        truth_s = np.asarray(obs.white_noise) if has_truth else None
-        out["field_slices"] = str(field_slices(pooled, truth_s, chains[0].config, run_dir / "field_slices.png"))
-        out["mass_maps"] = str(mass_maps(pooled, np.asarray(obs.kappa_true) if has_truth else None, fov,
-                                         run_dir / "mass_maps.png"))
-        if has_truth:
-            out["r_k"] = str(r_of_k(pooled["mean_white_noise"], truth_s, chains[0].config, run_dir / "r_k.png"))
-    if obs is not None and n_resid > 0:
-        p = residuals(chains, obs, n_resid, run_dir / "residuals.png")
-        if p is None:
-            notes.append("residuals: no thinned post-warm-up field draw in fields.zarr")
-        else:
-            out["residuals"] = str(p)
-    return out
 
 
 def _logk(ax):
@@ -264,26 +180,16 @@ def mass_maps(pooled, k_true, fov, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def r_of_k(mean, truth, config, path: Path) -> Path:
-    """Cross-correlation r(k) of the posterior-mean white noise with the true one."""
-    import jax.numpy as jnp  # noqa: PLC0415
-
-    from fli.power import cross_correlation, power_spectrum  # noqa: PLC0415
-
+def r_of_k(rk: dict, path: Path) -> Path:
+    """r(k) and T(k) of the posterior-mean white noise against the true one
+    (:func:`fli.infer.diagnose_fields.mean_against_truth`)."""
     plt = pyplot()
-    plan, box, _ = _grid(config)
-    a, b = jnp.asarray(mean, jnp.float32), jnp.asarray(truth, jnp.float32)
-    k, r = cross_correlation(a, b, plan, box)
-    _, pa, n = power_spectrum(a, plan, box)
-    _, pb, _ = power_spectrum(b, plan, box)
-    keep = np.asarray(n) > 0  # shells without a mode carry nothing
-    k, r, pa, pb = (np.asarray(x)[keep] for x in (k, r, pa, pb))
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
-    ax[0].plot(np.asarray(k), np.asarray(r), "C0o-", ms=3)
+    ax[0].plot(rk["k"], rk["r"], "C0o-", ms=3)
     ax[0].axhline(0, color="0.8", lw=0.6)
     ax[0].set_ylabel("r(k): posterior mean x truth")
     ax[0].set_ylim(-1.05, 1.05)  # the largest scales hold a few modes: r scatters over [-1, 1]
-    ax[1].plot(np.asarray(k), np.sqrt(np.asarray(pa) / np.asarray(pb)), "C1o-", ms=3)
+    ax[1].plot(rk["k"], rk["T"], "C1o-", ms=3)
     ax[1].axhline(1, color="0.8", lw=0.6)
     ax[1].set_ylabel("T(k) = sqrt(P_mean / P_truth)")
     for x in ax:
@@ -293,25 +199,18 @@ def r_of_k(mean, truth, config, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def residuals(chains, obs, n: int, path: Path) -> Path | None:
-    """(observed - predicted) / sigma per bin for a few thinned draws, with chi^2 per pixel."""
-    draws = read_thinned_kappa([c.run for c in chains], [c.chunks for c in chains], n)
-    if not draws:
-        return None
+def residuals(rows: list[dict], fov: float, path: Path) -> Path:
+    """(observed - draw) / sigma per bin for a few thinned draws, with chi^2 per pixel
+    (:func:`fli.infer.diagnose_fields.residuals`)."""
     plt = pyplot()
-    kobs = np.asarray(obs.kappa_obs, np.float64)
-    sigma = np.asarray(obs.noise_sigma, np.float64)
-    mask = np.ones(kobs.shape[1:], bool) if obs.mask is None else np.asarray(obs.mask, bool)
-    nb, fov = kobs.shape[0], obs.fov_deg
+    nb = rows[0]["res"].shape[0]
     ext = (-fov / 2, fov / 2, -fov / 2, fov / 2)
-    fig, axes = plt.subplots(len(draws), nb, figsize=(3.4 * nb + 1, 3.0 * len(draws)), squeeze=False,
+    fig, axes = plt.subplots(len(rows), nb, figsize=(3.4 * nb + 1, 3.0 * len(rows)), squeeze=False,
                              constrained_layout=True)
-    for r, (run, d, kap) in enumerate(draws):
+    for r, row in enumerate(rows):
         for b in range(nb):
-            res = np.where(mask, (kobs[b] - kap[b]) / sigma[b], 0.0)
-            chi2 = float(np.sum(res[mask] ** 2) / mask.sum())
-            im = _img(axes[r, b], res.T, f"{Path(run).name} draw {d}, bin {b}\nchi2 per pixel {chi2:.2f}", -3, 3,
-                      "RdBu_r", ext)
+            im = _img(axes[r, b], row["res"][b].T, f"{Path(row['run']).name} draw {row['draw']}, bin {b}\n"
+                      f"chi2 per pixel {row['chi2'][b]:.2f}", -3, 3, "RdBu_r", ext)
             axes[r, b].set_xlabel("deg")
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.6, label="(observed - draw) / noise")
     return save_figure(fig, path)

@@ -60,6 +60,15 @@ def cone_mask(fwd) -> jax.Array:
     return jax.jit(jax.shard_map(local, mesh=g.mesh, in_specs=(), out_specs=FIELD_SPEC, check_vma=False))()
 
 
+def cross_spectra(a, b, plan, box, kedges=None) -> dict:
+    """r(k) and T(k) of two fields in shells of |k| (``kedges``: None for the default bins):
+    ``{"k", "r", "T", "n_modes"}`` (numpy; nan where a shell has no power)."""
+    fa, fb = plan.rfft(a), plan.rfft(b)
+    k, (prr, ptt, prt), n = binned_spectra(plan, box, [(fa, fa), (fb, fb), (fa, fb)], kedges)
+    r, t = _rt(prr, ptt, prt)
+    return {"k": np.asarray(k), "r": r, "T": t, "n_modes": np.asarray(n)}
+
+
 def field_metrics(fwd, recovered, truth, kedges=None) -> dict:
     """r(k) and T(k) of two linear fields ``[nx, ny, nz]`` ``P('x','y')``: all modes, inside
     the light cone, and transverse modes of the cone (k_perp). Host numpy lists, k in h/Mpc."""
@@ -68,10 +77,7 @@ def field_metrics(fwd, recovered, truth, kedges=None) -> dict:
     out = {}
     mask = cone_mask(fwd)
     for name, (a, b) in {"all": (recovered, truth), "cone": (recovered * mask, truth * mask)}.items():
-        fa, fb = plan.rfft(a), plan.rfft(b)
-        k, (prr, ptt, prt), n = binned_spectra(plan, g.box, [(fa, fa), (fb, fb), (fa, fb)], kedges)
-        r, t = _rt(prr, ptt, prt)
-        out[name] = {"k": np.asarray(k).tolist(), "r": r.tolist(), "T": t.tolist(), "n_modes": np.asarray(n).tolist()}
+        out[name] = {k: np.asarray(v).tolist() for k, v in cross_spectra(a, b, plan, g.box, kedges).items()}
     # transverse modes: project the cone-masked fields along z (small 2D maps)
     pa = process_allgather(jnp.sum(recovered * mask, axis=2))
     pb = process_allgather(jnp.sum(truth * mask, axis=2))

@@ -48,3 +48,9 @@ def with_derived(values: dict, cosmology=None) -> dict:
 def reported_names(sampled) -> list[str]:
     """The sampled parameters' names followed by the derived ones."""
     return [*sampled, *DERIVED]
+
+
+def names_of_run(config: dict) -> list[str]:
+    """The parameters a run reports, from its resolved config: the sampled ones
+    (``prior.sample``), then the derived ones."""
+    return reported_names((config.get("prior") or {}).get("sample") or [])
