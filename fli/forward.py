@@ -44,7 +44,7 @@ from jax.sharding import PartitionSpec as P
 from fli.config import Config, ConfigError
 from fli.cosmology import Cosmology, growth_factor
 from fli.grid import Grid
-from fli.lensing import MAP_SPEC, LensGeometry, _host_a_of_chi, _host_chi_of_z, born_convergence, plane_hook
+from fli.lensing import KAPPA_SPEC, LensGeometry, _host_a_of_chi, _host_chi_of_z, born_convergence, plane_hook
 from fli.lpt import linear_field
 from fli.nbody import density, simulate
 from fli.sharding import FIELD_SPEC, make_mesh
@@ -103,7 +103,7 @@ class ForwardModel:
         return len(self.bins)
 
     @property
-    def map_shape(self) -> tuple[int, int, int]:
+    def kappa_shape(self) -> tuple[int, int, int]:
         """``(n_bins, npix, npix)``."""
         return (self.n_bins, self.geometry.npix, self.geometry.npix)
 
@@ -158,7 +158,7 @@ def linear_planes(cosmo: Cosmology, noise: Array, grid: Grid, geometry: LensGeom
         slabs = d[:, :, : n_used * m].reshape(nx_l, ny_l, n_used, m).sum(axis=3)
         return jnp.moveaxis(slabs, 2, 0) * jnp.asarray(dz, d.dtype)
 
-    planes = jax.shard_map(local, mesh=grid.mesh, in_specs=FIELD_SPEC, out_specs=MAP_SPEC)(delta)
+    planes = jax.shard_map(local, mesh=grid.mesh, in_specs=FIELD_SPEC, out_specs=KAPPA_SPEC)(delta)
     d1 = growth_factor(cosmo, plane_a)
     return planes * d1.astype(planes.dtype)[:, None, None]
 

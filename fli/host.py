@@ -2,9 +2,8 @@
 
 XLA's compiler allocates and frees a lot of host memory while it builds an executable; glibc
 keeps the freed pages in its arenas, so the process's resident memory stays near the
-compiler's peak for the rest of the run. Measured at 128^3 (value and gradient of 2LPT + 10
-PM steps, 2 CPU devices): RSS 1275 MB after compiling, 523 MB after :func:`release_freed_memory`;
-peak RSS of the benchmark 2459 MB without it, 1793 MB with it (docs/benchmarks.md).
+compiler's peak for the rest of the run; :func:`release_freed_memory` hands them back
+(docs/benchmarks.md measures what it saves).
 """
 
 from __future__ import annotations

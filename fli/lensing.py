@@ -61,7 +61,7 @@ from fli.survey import NzBin, as_bin_list, nz_bins_from_config, result_dtype, st
 
 _log = get_logger("fli.lensing")
 
-MAP_SPEC = P(None, "x", "y")  # [n_bins, npix, npix] maps and [n_planes, nx, ny] plane stacks
+KAPPA_SPEC = P(None, "x", "y")  # [n_bins, npix, npix] maps and [n_planes, nx, ny] plane stacks
 
 
 class ReplicationWarning(UserWarning):
@@ -464,8 +464,8 @@ def _project(planes, geometry, grid, order):
 
         return lax.map(one, (pl, x0, x1, fx, y0, y1, fy))
 
-    fn = jax.shard_map(local, mesh=grid.mesh, in_specs=(MAP_SPEC, xs, xs, xs, ys, ys, ys),
-                       out_specs=MAP_SPEC)
+    fn = jax.shard_map(local, mesh=grid.mesh, in_specs=(KAPPA_SPEC, xs, xs, xs, ys, ys, ys),
+                       out_specs=KAPPA_SPEC)
     return fn(planes, x0, x1, fx, y0, y1, fy)
 
 
@@ -513,6 +513,6 @@ def _born_apply(planes, w, geometry, grid, order):
     if order == "steps":
         w = w[:, ::-1]
     kappa = jnp.einsum("bi,ixy->bxy", w.astype(proj.dtype), proj)
-    return jax.lax.with_sharding_constraint(kappa, NamedSharding(grid.mesh, MAP_SPEC))
+    return jax.lax.with_sharding_constraint(kappa, NamedSharding(grid.mesh, KAPPA_SPEC))
 
 

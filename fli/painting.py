@@ -27,13 +27,9 @@ Exchanges between neighbouring devices are in :mod:`fli.halo`.
 Gradients. The local deposit and interpolation are ``jax.custom_jvp`` functions whose
 tangents are written out so that reverse mode transposes them into one gather plus elementwise
 terms (paint) and one gather plus one scatter per slab of particles (read): the form of the
-hand-written VJPs they replaced, which on XLA CPU at 128^3 took 0.12 s for the paint's
-backward pass instead of 1.3-2.4 s with autodiff of the scatter (whose transposes reduce over
-the 8 corners next to a gather, a pattern XLA CPU runs slowly), and 0.6 s instead of 0.9 s for
-the read's. Against those VJPs, value and gradient of a 64^3, 10-step simulation on 1x2
-CPU devices took 0.93-1.09x the time (interleaved in one process, shared 2-core machine) and
-0.97x the XLA buffers; 128^3 reversible: 13.16 s / 13.13 s, peak RSS 1738 / 1792 MB.
-The derivatives with respect to ``disp``,
+hand-written VJPs they replaced, which XLA CPU runs several times faster than autodiff of the
+scatter (whose transposes reduce over the 8 corners next to a gather); docs/benchmarks.md,
+"Painting's derivatives", has the figures. The derivatives with respect to ``disp``,
 ``weight`` and the field(s) are exact (the derivative of the piecewise-multilinear CIC
 weights, 0 across the clip; on a cell edge the one-sided value). Every mode works and composes:
 ``grad``/``vjp``, ``jvp``/``jacfwd``, and second derivatives such as Hessian-vector products
@@ -198,12 +194,11 @@ class Stencil(NamedTuple):
 def _local_stencil(disp: Array, halo: int) -> Stencil:
     """The :class:`Stencil` of the local block, materialised once.
 
-    Measured on CPU at 128^3 (XLA profile of the gradient): the stencil arithmetic (floor,
-    clip, remainder, selects, corner products) cost 35-63 ms per device and PM step in each
-    kernel that used it, when XLA fused and recomputed it in every consumer (paint, read and
-    both adjoints: four times per backward step); the scatters themselves took 7 ms. The
-    barrier stops that fusion; the adjoints take the stencil as a residual. PM force plus its
-    VJP: 1.65 -> 1.23 s for three, interleaved in one process. The corner weights are formed
+    Left to itself, XLA fuses the stencil arithmetic (floor, clip, remainder, selects, corner
+    products) into every consumer (paint, read and both adjoints: four times per backward
+    step), where it costs more than the scatters; the barrier stops that fusion and the
+    adjoints take the stencil as a residual (docs/benchmarks.md, "Painting's derivatives").
+    The corner weights are formed
     from ``frac`` in each kernel (a few products per particle, fused into its consumer): the
     kernels need them as differentiable functions of the positions.
     """

@@ -112,7 +112,7 @@ def worker(job: dict) -> dict:
     from fli.forward import fiducial_cosmology  # noqa: PLC0415
     from fli.host import release_freed_memory  # noqa: PLC0415
     from fli.infer.model import Latents, build_posterior, make_data  # noqa: PLC0415
-    from fli.lensing import MAP_SPEC, born_convergence, born_weights, plane_hook  # noqa: PLC0415
+    from fli.lensing import KAPPA_SPEC, born_convergence, born_weights, plane_hook  # noqa: PLC0415
     from fli.mock import add_shape_noise  # noqa: PLC0415
     from fli.nbody import density, simulate, step_coefficients  # noqa: PLC0415
     from fli.sharding import white_noise  # noqa: PLC0415
@@ -144,7 +144,7 @@ def worker(job: dict) -> dict:
     lat = Latents(theta, s)
 
     rng = np.random.default_rng(1)
-    map_sh = NamedSharding(mesh, MAP_SPEC)
+    map_sh = NamedSharding(mesh, KAPPA_SPEC)
 
     def placed(host):
         host = np.asarray(host, grid.dtype)

@@ -71,7 +71,7 @@ def memory_one(overrides: list[str], pdims: tuple[int, int], sampler: str, depth
     cfg, _ = compose([*overrides, f"distributed.pdims=[{pdims[0]},{pdims[1]}]"])
     post = build_posterior(cfg, mesh=make_mesh(pdims))
     grid, lay = post.fwd.grid, post.layout
-    n_bins, npix, _ = post.fwd.map_shape
+    n_bins, npix, _ = post.fwd.kappa_shape
     obs = SimpleNamespace(kappa_obs=np.zeros((n_bins, npix, npix), grid.dtype), noise_sigma=np.full(n_bins, 3e-3),
                           mask=None)
     data = make_data(obs, post.fwd)

@@ -340,7 +340,7 @@ ANNEAL_ARCMIN = [64.0, 32.0, 16.0, 8.0]  # the default [16, 8, 4, 2] in pixels o
 
 
 def study_anneal(s: Setup, seeds, steps, adam_steps, anneal_steps, out_path):
-    from fli.infer.metrics import map_metrics
+    from fli.infer.metrics import kappa_metrics
 
     truth = dict(PLANCK)
     sig = s.sigma(1.0)
@@ -359,7 +359,7 @@ def study_anneal(s: Setup, seeds, steps, adam_steps, anneal_steps, out_path):
         for name, m in methods.items():
             run, exact, sec, err = s.fit(m, data, exact_every_step=True)
             kap = s.predict_j(run.params)
-            mm = map_metrics(kap, kt, s.fov)
+            mm = kappa_metrics(kap, kt, s.fov)
             per[name] = {"exact_loss": exact, "objective": [h[0] for h in run.history],
                          "evals": np.cumsum([h[2] for h in run.history]).tolist(), "stage": [h[4] for h in run.history],
                          "final_loss": exact[-1] if exact else None, "steps": run.step, "seconds": sec,
@@ -403,7 +403,7 @@ def _anneal_summary(s, rows, methods, anneal_steps):
 
 def wiener_curves(s: Setup, kts, sigma):
     """sqrt(S / (S + N)) per bin and ell bin: S the mean spectrum of the noiseless maps
-    (tapered as in map_metrics), N = sigma_b^2 A_pix [sr]."""
+    (tapered as in kappa_metrics), N = sigma_b^2 A_pix [sr]."""
     from fli.limber import map_power_spectrum
 
     npix = s.cfg.lensing.npix
@@ -668,7 +668,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     if a.bias or a.lightcone or a.anneal:
         tiny = Setup(TINY)
-        log(f"tiny: {tiny.grid.shape} cells, {tiny.post.fwd.map_shape} map, pixel {tiny.pix_arcmin:.2f} arcmin, "
+        log(f"tiny: {tiny.grid.shape} cells, {tiny.post.fwd.kappa_shape} map, pixel {tiny.pix_arcmin:.2f} arcmin, "
             f"sigma {tiny.sigma(1.0)}")
         if a.bias:
             d = study_bias(tiny, list(range(a.seeds)), a.steps, a.field_steps, set(range(a.laplace_seeds)),
@@ -685,7 +685,7 @@ def main(argv=None) -> int:
         out = json.loads(paths["recovery"].read_text()) if paths["recovery"].exists() else {}
         if a.recovery:
             rec = Setup(RECOVERY)
-            log(f"recovery: {rec.grid.shape} cells, {rec.post.fwd.map_shape} map, sigma {rec.sigma(1.0)}")
+            log(f"recovery: {rec.grid.shape} cells, {rec.post.fwd.kappa_shape} map, sigma {rec.sigma(1.0)}")
             out.update(study_recovery(rec, list(range(a.recovery_seeds)), a.steps, paths["recovery"]))
             _dump(paths["recovery"], out)
         if a.linear_cg:

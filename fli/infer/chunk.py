@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 from fli.infer.model import Latents, Posterior
 from fli.infer.sampler import Kernel, StepInfo
 from fli.infer.summaries import draw_spectra
-from fli.lensing import MAP_SPEC
+from fli.lensing import KAPPA_SPEC
 from fli.sharding import replicated_to_host
 
 
@@ -78,7 +78,7 @@ def make_chunk(kernel: Kernel, post: Posterior, n: int, thin: int, num_warmup: i
         return state, acc, out, s, kappa
 
     s_sh = NamedSharding(grid.mesh, P(None, *grid.sharding.spec))
-    k_sh = NamedSharding(grid.mesh, P(None, *MAP_SPEC))
+    k_sh = NamedSharding(grid.mesh, P(None, *KAPPA_SPEC))
 
     def one(carry, data):
         state, acc, out, s, kappa = jax.vmap(one_chain, in_axes=(0, 0, None))(*carry, data)
@@ -121,13 +121,13 @@ def make_chunk(kernel: Kernel, post: Posterior, n: int, thin: int, num_warmup: i
 def zero_accum(post: Posterior, chains: int = 1) -> Accum:
     """Empty running statistics for ``chains`` chains (chain axis first)."""
     g = post.fwd.grid
-    ksh = NamedSharding(g.mesh, P(None, *MAP_SPEC))
+    ksh = NamedSharding(g.mesh, P(None, *KAPPA_SPEC))
     ssh = NamedSharding(g.mesh, P(None, *g.sharding.spec))
     rep = NamedSharding(g.mesh, P())
 
     def z():
         zs = jnp.zeros((chains, *g.shape), g.jdtype)
-        zk = jnp.zeros((chains, *post.fwd.map_shape), g.jdtype)
+        zk = jnp.zeros((chains, *post.fwd.kappa_shape), g.jdtype)
         zi = jnp.zeros((chains,), jnp.int32)
         return Accum(zi, zs, zs, zk, zk, zi)
 
@@ -148,7 +148,7 @@ def take_chain(x, c: int, axis: int, spec):
 
 def accum_of_chain(acc: Accum, c: int, grid) -> Accum:
     """Chain ``c``'s running statistics, each field where it lives."""
-    s_spec, k_spec = grid.sharding.spec, MAP_SPEC
+    s_spec, k_spec = grid.sharding.spec, KAPPA_SPEC
     host = replicated_to_host
     return Accum(host(acc.n)[c], take_chain(acc.mean_s, c, 0, s_spec), take_chain(acc.m2_s, c, 0, s_spec),
                  take_chain(acc.mean_kappa, c, 0, k_spec), take_chain(acc.m2_kappa, c, 0, k_spec),

@@ -61,14 +61,9 @@ ADS = ("auto", "forward", "reverse")
 
 # Counting rule: one HVP costs HVP_COST evaluations of ``jax.value_and_grad(U)`` (the textbook
 # figure for forward-over-reverse: a gradient plus its tangent). A rule, not a measurement:
-# the ratio depends on the model's operations. Measured with :func:`hvp_cost_ratio` on the
-# toy residual of ``tests/infer/test_laplace.py`` (amplitude x line-of-sight tilt x neighbour
-# smoothing, ``tensordot`` onto 3 maps, quadratic term; float32, one CPU device, 2 cores shared
-# with other jobs, median of 15, so +-20 %): at 64x64x128 exact 1.2 (forward) / 1.5 (reverse),
-# Gauss-Newton 1.0-1.6; at 128^3 Gauss-Newton 1.1-1.3 but exact 4-5 (9 ms gradient, 37-47 ms
-# HVP). With the projection written as a broadcast sum instead of a ``tensordot`` both are
-# ~10x slower and the exact ratio is 1.9: the excess sits in how XLA CPU compiles the contractions of the
-# second-order program. Measure on the real model and pass ``hvp_cost=`` to :func:`laplace`.
+# the ratio depends on the model's operations (docs/benchmarks.md, "Hessian-vector products",
+# has what :func:`hvp_cost_ratio` measured). Measure on the real model and pass ``hvp_cost=``
+# to :func:`laplace`.
 HVP_COST = 2.0
 
 

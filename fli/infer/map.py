@@ -265,8 +265,8 @@ def laplace_errors(post: Posterior, data: Data, lat: Latents, mcfg, log) -> dict
 def truth_metrics(post: Posterior, lin, obs, kappa) -> dict:
     """r(k), T(k) of the recovered linear field and r_ell of the recovered kappa against the
     mock's truth; ``lin``: the recovered and the true linear field."""
-    from fli.infer.metrics import field_metrics, map_metrics  # noqa: PLC0415
+    from fli.infer.metrics import field_metrics, kappa_metrics  # noqa: PLC0415
 
     rec, tru = lin
     return {"field": field_metrics(post.fwd, rec, tru),
-            "kappa": map_metrics(kappa, obs.kappa_true, post.fwd.geometry.fov_deg)}
+            "kappa": kappa_metrics(kappa, obs.kappa_true, post.fwd.geometry.fov_deg)}

@@ -111,7 +111,7 @@ def _spectra_2d(a, b, box2):
         return k, avg(np.abs(fa) ** 2) / n, avg(np.abs(fb) ** 2) / n, avg((fa * np.conj(fb)).real) / n, n.astype(int)
 
 
-def map_metrics(kappa_rec, kappa_true, fov_deg: float, n_bins_ell: int | None = None) -> dict:
+def kappa_metrics(kappa_rec, kappa_true, fov_deg: float, n_bins_ell: int | None = None) -> dict:
     """Per-bin ``r_ell`` and ``T_ell`` of recovered and true maps ``[n_bins, npix, npix]`` (tapered)."""
     kr, kt = process_allgather(kappa_rec), process_allgather(kappa_true)
     nbe = n_bins_ell or max(4, kr.shape[-1] // 4)

@@ -49,7 +49,7 @@ from fli.forward import ForwardModel, build_forward, fiducial_cosmology
 from fli.infer.layout import FlatLayout
 from fli.infer.params import with_derived
 from fli.infer.priors import PriorTransform
-from fli.lensing import MAP_SPEC
+from fli.lensing import KAPPA_SPEC
 
 
 class Latents(NamedTuple):
@@ -150,13 +150,13 @@ class Posterior:
             g = smoothing_matrix(r.shape[-1], smooth, r.dtype)
             rs = jnp.einsum("ij,bjk,lk->bil", g, r, g)
             r = jnp.where(jnp.asarray(smooth) > 0, rs, r)
-        return jax.lax.with_sharding_constraint(r, NamedSharding(self.fwd.grid.mesh, MAP_SPEC))
+        return jax.lax.with_sharding_constraint(r, NamedSharding(self.fwd.grid.mesh, KAPPA_SPEC))
 
     @property
     def energy_offset(self) -> float:
         """The constant that ``precise=True`` subtracts from U: the expected 0.5 |s|^2 plus
         the expected likelihood term, 0.5 (cells + map pixels)."""
-        return 0.5 * (self.fwd.grid.n_cells + math.prod(self.fwd.map_shape))
+        return 0.5 * (self.fwd.grid.n_cells + math.prod(self.fwd.kappa_shape))
 
     def potential_and_aux(self, lat: Latents, data: Data, smooth=None, precise: bool = False):
         """``(U, aux)``: the negative log posterior (constants dropped) and the forward's
@@ -172,7 +172,7 @@ class Posterior:
         if precise:
             from fli.infer.energy import offset_sum  # noqa: PLC0415
 
-            like = offset_sum(0.5 * r * r, 0.5 * math.prod(self.fwd.map_shape))
+            like = offset_sum(0.5 * r * r, 0.5 * math.prod(self.fwd.kappa_shape))
             prior = theta2 + offset_sum(0.5 * lat.s * lat.s, 0.5 * self.fwd.grid.n_cells)
         else:
             like = 0.5 * jnp.sum(r * r)
@@ -230,8 +230,8 @@ def make_data(obs, fwd: ForwardModel) -> Data:
     """:class:`Data` from an observation (:func:`fli.io.load_observation`), placed on the
     forward's mesh: each process builds only its blocks."""
     mesh = fwd.grid.mesh
-    sharding = NamedSharding(mesh, MAP_SPEC)
-    n_bins, npix, _ = fwd.map_shape
+    sharding = NamedSharding(mesh, KAPPA_SPEC)
+    n_bins, npix, _ = fwd.kappa_shape
     sigma = np.asarray(obs.noise_sigma, np.float64).reshape(-1)
     mask = np.ones((npix, npix), bool) if obs.mask is None else np.asarray(obs.mask, bool)
     weight = (np.broadcast_to(mask, (n_bins, npix, npix)) / sigma[:, None, None]).astype(fwd.grid.dtype)

@@ -49,7 +49,7 @@ from fli.infer.run_store import (
 )
 from fli.infer.sampler import Kernel, make_kernel
 from fli.infer.start import chain_keys, initial_point
-from fli.lensing import MAP_SPEC
+from fli.lensing import KAPPA_SPEC
 from fli.power import default_kedges
 from fli.sharding import replicated_to_host
 
@@ -167,7 +167,7 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
     i = chunk0
     t_start = time.perf_counter()
     n_div_post = sum(count_post_divergences(d) for d in chain_dirs)
-    s_spec, k_spec = P(None, *grid.sharding.spec), P(None, *MAP_SPEC)
+    s_spec, k_spec = P(None, *grid.sharding.spec), P(None, *KAPPA_SPEC)
     while done < total:
         n = min(icfg.chunk, total - done)
         if n not in programs:

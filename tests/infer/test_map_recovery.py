@@ -101,7 +101,7 @@ def test_pm_map_kappa_follows_wiener():
     docs/map.md). Measured (scripts/map_study.py): max |r - W| = 0.034, 0.022, 0.012 in bins
     1-3 (bin 0 never reaches S/N = 1). And r_ell > 0.75 in the first ell bin of every source
     bin (measured 0.86, 0.95, 0.98, 0.99)."""
-    from fli.infer.metrics import map_metrics
+    from fli.infer.metrics import kappa_metrics
     from fli.infer.model import Latents
     from fli.infer.optimize import MapRun, init_state, make_step, run_map
     from fli.limber import map_power_spectrum
@@ -117,7 +117,7 @@ def test_pm_map_kappa_follows_wiener():
         run = run_map(post, data, mcfg, MapRun(init, init_state(opt, init, post), 0, [], jax.random.key(0)), step, opt,
                       pixel_arcmin=post.fwd.geometry.pixel_size_arcmin)
         kap = jax.jit(lambda l: post.predict(l)[0])(Latents(run.params.theta, run.params.s))
-        mm = map_metrics(kap, kt, cfg.lensing.fov_deg)
+        mm = kappa_metrics(kap, kt, cfg.lensing.fov_deg)
         ell, cl, _ = map_power_spectrum(np.asarray(kt), cfg.lensing.fov_deg, max(4, cfg.lensing.npix // 4), taper=0.5)
         rs.append(mm["r"])
         ss.append(cl)

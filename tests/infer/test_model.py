@@ -73,7 +73,7 @@ def test_numpyro_model_is_the_same_posterior():
     flat = lay.pack(lat.theta + 0.1, lat.s * 0.9, dummies)
     u = float(jax.jit(post.potential_flat)(flat, data))
     pe = float(jax.jit(lambda f, d: potential_energy(post.numpyro_model, (d,), {}, {"latent": f}))(flat, data))
-    n_pix = int(np.prod(post.fwd.map_shape))
+    n_pix = int(np.prod(post.fwd.kappa_shape))
     sigma = np.asarray(data.sigma, float)
     const = 0.5 * math.log(2 * math.pi) * (lay.size + n_pix) + (n_pix / len(sigma)) * np.sum(np.log(sigma))
     # float32 sums of ~1e4 terms of order 1: relative 1e-5 of the total

@@ -264,10 +264,10 @@ def test_born_convergence_identical_on_every_layout(geom):
     ref = None
     for pd in LAYOUTS:
         grid = grid_for(pd)
-        pl = jax.device_put(planes, jax.sharding.NamedSharding(grid.mesh, L.MAP_SPEC))
+        pl = jax.device_put(planes, jax.sharding.NamedSharding(grid.mesh, L.KAPPA_SPEC))
         k = L.born_convergence(COSMO, pl, geom, grid, BINS)
         assert k.shape == (2, NPIX, NPIX) and k.dtype == np.float32
-        assert k.sharding.is_equivalent_to(jax.sharding.NamedSharding(grid.mesh, L.MAP_SPEC), 3)
+        assert k.sharding.is_equivalent_to(jax.sharding.NamedSharding(grid.mesh, L.KAPPA_SPEC), 3)
         k = np.asarray(k)
         if ref is None:
             ref = k
@@ -330,7 +330,7 @@ def test_noise_sigma_and_layout_independent_noise():
     for pd in [(1, 1), (2, 4), (8, 1)]:
         grid = grid_for(pd)
         k0 = jax.device_put(np.zeros((2, NPIX, NPIX), np.float32),
-                            jax.sharding.NamedSharding(grid.mesh, L.MAP_SPEC))
+                            jax.sharding.NamedSharding(grid.mesh, L.KAPPA_SPEC))
         obs = SV.add_noise(key, k0, sig, mask)
         assert obs.kappa.sharding.is_equivalent_to(k0.sharding, 3)
         outs.append(np.asarray(obs.kappa))

@@ -23,7 +23,7 @@ def test_kappa_gradients_match_finite_differences(kind):
                           f"simulation.forward={kind}"])
         fwd = build_forward(cfg)
         cosmo0 = fiducial_cosmology(cfg)
-        w = jax.random.normal(jax.random.key(4), fwd.map_shape, jnp.float64)
+        w = jax.random.normal(jax.random.key(4), fwd.kappa_shape, jnp.float64)
 
         def loss(omega_c, sigma8, s):
             kappa, _ = fwd(cosmo0.replace(Omega_c=omega_c, sigma8=sigma8), s)
