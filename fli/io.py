@@ -38,6 +38,7 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Bool, Float
 
 from fli.files import barrier, jsonable, write_json
+from fli.fingerprint import DamagedData, check_group, read_verified, record
 from fli.survey import N_Z, NzBin, table_bin
 
 # Version 1 gained nz_z, nz, fov_deg and npix without being bumped: the change only adds
@@ -84,6 +85,8 @@ def write_arrays(path: Path, arrays: Mapping[str, jax.Array | np.ndarray], attrs
 
     Process 0 creates the group and array metadata; after a barrier every process writes the
     blocks it holds (one replica of each), chunked by the shard shape. Attributes are JSON.
+    Last, process 0 reads the arrays back and records their fingerprint
+    (:func:`fli.fingerprint.record`), which every later read checks.
     """
     import zarr  # noqa: PLC0415
 
@@ -107,6 +110,9 @@ def write_arrays(path: Path, arrays: Mapping[str, jax.Array | np.ndarray], attrs
         elif jax.process_index() == 0:
             z[...] = np.asarray(arr)
     barrier("fli-io-written")
+    if jax.process_index() == 0:
+        record(zarr.open_group(str(path), mode="r+"))
+    barrier("fli-io-fingerprinted")
 
 
 def _chunk_shape(arr) -> tuple[int, ...]:
@@ -186,15 +192,18 @@ def write_observation(path: str | Path,
 # ============================================================================ reading
 
 
-def read_array(zarr_array, mesh: Mesh | None, leading: int = 0) -> jax.Array | np.ndarray:
+def read_array(zarr_array, mesh: Mesh | None, leading: int = 0, where: str = "") -> jax.Array | np.ndarray:
     """Read a zarr array; with a ``mesh``, as a sharded array, each process reading its blocks.
 
-    Axes ``leading`` and ``leading + 1`` are sharded over ``('x', 'y')``.
+    Axes ``leading`` and ``leading + 1`` are sharded over ``('x', 'y')``. Every chunk read is
+    checked against the fingerprint recorded when it was written
+    (:func:`fli.fingerprint.read_verified`; ``where`` names the array in the error).
     """
     if mesh is None or zarr_array.ndim < leading + 2:
-        return np.asarray(zarr_array[...])
+        return read_verified(zarr_array, None, where)
     sharding = NamedSharding(mesh, _spec_for(zarr_array.ndim, leading))
-    return jax.make_array_from_callback(zarr_array.shape, sharding, lambda idx: np.asarray(zarr_array[idx]))
+    return jax.make_array_from_callback(zarr_array.shape, sharding,
+                                        lambda idx: read_verified(zarr_array, idx, where))
 
 
 @dataclass(frozen=True)
@@ -213,6 +222,8 @@ class Observation:
         white_noise: ``[nx, ny, nz]`` unit Gaussian initial field of a mock (sharded
             ``P('x', 'y')``), or None.
         truth: cosmological parameters of a mock, or None.
+        fingerprint: the content fingerprint recorded when it was written
+            (:mod:`fli.fingerprint`), or None for one written before fingerprints.
         config: the resolved config that made a mock, or None.
         seed: the mock's seed, or None.
         attrs: every attribute of the group, as stored.
@@ -231,6 +242,7 @@ class Observation:
     seed: int | None = None
     attrs: dict = field(default_factory=dict)
     path: Path | None = None
+    fingerprint: str | None = None
 
     @property
     def has_truth(self) -> bool:
@@ -341,14 +353,19 @@ def _load(path: str | Path, mesh: Mesh | None, what: str) -> Observation:
             attrs = dict(root.attrs)
             names = set(root.array_keys())
             arrays = {n: root[n] for n in names}
+            fingerprint = check_group(root, f"{what} at {group}")
+    except DamagedData:
+        raise
     except Exception as e:  # noqa: BLE001 - any storage error is an unreadable group
         raise MockError(f"{what} at {group} is unreadable: {type(e).__name__}: {_one_line(e)}") from None
 
     def where(name: str) -> str:
         return f"{what} at {group}: {name}"
 
+    # the small arrays read whole and checked now; the maps and the field per block, below
+    arrays = {n: (a if n in _BLOCKWISE else read_verified(a, None, where(n))) for n, a in arrays.items()}
     checked = _validate(arrays, attrs, where)
-    kappa_obs = read_array(arrays["kappa_obs"], mesh, leading=1)
+    kappa_obs = read_array(arrays["kappa_obs"], mesh, leading=1, where=where("kappa_obs"))
     _check_finite(_count_nonfinite(kappa_obs, mesh), int(np.prod(kappa_obs.shape)), where("kappa_obs"))
     config = attrs.get("config")
     return Observation(
@@ -357,14 +374,20 @@ def _load(path: str | Path, mesh: Mesh | None, what: str) -> Observation:
         mask=checked.mask,
         nz_bins=checked.bins,
         fov_deg=checked.fov_deg,
-        kappa_true=read_array(arrays["kappa_true"], mesh, leading=1) if "kappa_true" in names else None,
-        white_noise=read_array(arrays["white_noise"], mesh, leading=0) if "white_noise" in names else None,
+        kappa_true=(read_array(arrays["kappa_true"], mesh, leading=1, where=where("kappa_true"))
+                    if "kappa_true" in names else None),
+        white_noise=(read_array(arrays["white_noise"], mesh, leading=0, where=where("white_noise"))
+                     if "white_noise" in names else None),
         truth=dict(attrs["truth"]) if isinstance(attrs.get("truth"), Mapping) else None,
         config=dict(config) if isinstance(config, Mapping) else None,
         seed=int(attrs["seed"]) if isinstance(attrs.get("seed"), int) else None,
         attrs=attrs,
         path=group,
+        fingerprint=fingerprint,
     )
+
+
+_BLOCKWISE = ("kappa_obs", "kappa_true", "white_noise")  # read per process, each its blocks
 
 
 def _one_line(e: BaseException) -> str:

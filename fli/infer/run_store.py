@@ -42,6 +42,7 @@ import numpy as np
 import yaml
 
 from fli.files import barrier, is_writer, replace_dir, savez, write_text
+from fli.fingerprint import read_verified
 from fli.sharding import replicated_to_host
 
 CONFIG_YAML = "config.yaml"
@@ -226,7 +227,8 @@ def read_thinned_kappa(runs: list[Path], chunks: list[list[int]], n: int) -> lis
             draws, warm = g.attrs.get("draw", []), g.attrs.get("warmup", [])
             for j in range(len(draws) - 1, -1, -1):
                 if not warm[j]:
-                    found.append((run, int(draws[j]), np.asarray(g["kappa"][j], np.float64)))
+                    kappa = read_verified(g["kappa"], (slice(j, j + 1),), f"{p}/kappa")[0]
+                    found.append((run, int(draws[j]), np.asarray(kappa, np.float64)))
                     break
             if len(found) >= n or (found and found[-1][0] == run):
                 break
@@ -268,8 +270,8 @@ def pooled_running(runs: list[Path], notes: list[str]) -> dict | None:
         g = zarr.open_group(str(p), mode="r")
         n = int(g.attrs.get("n_draws", 0))
         if n:
-            parts.append((n, {k: np.asarray(g[k][...], np.float64) for k in ("mean_white_noise", "var_white_noise",
-                                                                               "mean_kappa", "var_kappa")}))
+            parts.append((n, {k: np.asarray(read_verified(g[k], None, f"{p}/{k}"), np.float64)
+                              for k in ("mean_white_noise", "var_white_noise", "mean_kappa", "var_kappa")}))
     if not parts:
         return None
     ntot = sum(n for n, _ in parts)

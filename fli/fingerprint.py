@@ -1,0 +1,153 @@
+"""Content fingerprints of zarr groups: a missing, damaged or swapped file is never read as data.
+
+A zarr store reads a missing chunk file as its fill value (zeros), and a ``COMPLETE`` marker
+proves that a write finished, not that the data are still there. So every group fli writes
+(:func:`fli.io.write_arrays`) records, once its arrays are written:
+
+* on each array, attribute :data:`CHUNKS_ATTR`: the SHA-256 of every chunk's values (its bytes
+  in C order, with the dtype and shape), keyed by the chunk's grid index ``"i.j.k"``;
+* on the group, attribute :data:`GROUP_ATTR`: the SHA-256 over every array's name, shape,
+  dtype and chunk hashes and over the group's attributes except ``config`` (the record of
+  what made it, with paths that differ between two copies of the same data). Two groups
+  with the same fingerprint hold the same numbers, wherever they are and however their path
+  is spelled.
+
+Reading (:func:`read_verified`) reads the chunks a block overlaps, hashes each and compares:
+each process checks only the blocks it reads, at the cost of one hash of data it reads
+anyway. A group written before fingerprints existed has none; it is read unchecked and its
+fingerprint is None.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+CHUNKS_ATTR = "fli_chunk_sha256"
+GROUP_ATTR = "fli_fingerprint"
+# group attributes that record provenance, not data: left out of the group's fingerprint
+PROVENANCE = ("config", GROUP_ATTR)
+
+
+class DamagedData(FileNotFoundError):
+    """Stored data do not match the fingerprint recorded when they were written (a chunk file
+    missing, truncated or replaced). A ``FileNotFoundError``, so that every fli command reports
+    it in one line with exit status 2."""
+
+
+def block_hash(a: np.ndarray) -> str:
+    """SHA-256 of an array's values, dtype and shape."""
+    a = np.ascontiguousarray(a)
+    h = hashlib.sha256(f"{a.dtype.str}{list(a.shape)}".encode())
+    h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def chunk_grid(shape, chunks) -> Iterator[tuple[str, tuple[slice, ...]]]:
+    """``(key, slices)`` of every chunk of an array of ``shape`` cut in ``chunks``."""
+    counts = [max(1, -(-int(n) // int(c))) for n, c in zip(shape, chunks, strict=True)]
+    for idx in itertools.product(*(range(n) for n in counts)):
+        sl = tuple(slice(i * int(c), min((i + 1) * int(c), int(n))) for i, c, n in zip(idx, chunks, shape,
+                                                                                       strict=True))
+        yield ".".join(map(str, idx)) or "0", sl
+
+
+def _hashes_of(zarr_array) -> dict[str, str]:
+    return {key: block_hash(np.asarray(zarr_array[sl])) for key, sl in chunk_grid(zarr_array.shape,
+                                                                                 zarr_array.chunks)}
+
+
+def group_fingerprint(arrays: Mapping[str, Any], attrs: Mapping[str, Any]) -> str | None:
+    """The group's fingerprint from its arrays' recorded chunk hashes and its attributes;
+    None when an array has no recorded hashes (written before fingerprints)."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        z = arrays[name]
+        hashes = dict(z.attrs).get(CHUNKS_ATTR)
+        if not isinstance(hashes, Mapping):
+            return None
+        h.update(json.dumps([name, list(z.shape), str(np.dtype(z.dtype)), sorted(hashes.items())]).encode())
+    data_attrs = {k: v for k, v in attrs.items() if k not in PROVENANCE}
+    h.update(json.dumps(data_attrs, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def record(root) -> str:
+    """Hash every chunk of every array of the zarr group ``root`` (open for writing), store
+    the hashes and the group's fingerprint as attributes; returns the fingerprint. Reads the
+    arrays back, so it also proves that what was written can be read."""
+    arrays = {name: root[name] for name in root.array_keys()}
+    for z in arrays.values():
+        z.attrs.update({CHUNKS_ATTR: _hashes_of(z)})
+    fp = group_fingerprint(arrays, dict(root.attrs))
+    root.attrs.update({GROUP_ATTR: fp})
+    return fp
+
+
+def check_group(root, where: str) -> str | None:
+    """The group's recorded fingerprint, after checking it against its arrays' recorded chunk
+    hashes and its attributes (no data read); None for a group without one."""
+    attrs = dict(root.attrs)
+    saved = attrs.get(GROUP_ATTR)
+    if saved is None:
+        return None
+    arrays = {name: root[name] for name in root.array_keys()}
+    now = group_fingerprint(arrays, attrs)
+    if now != saved:
+        raise DamagedData(f"{where}: its arrays or attributes no longer match the fingerprint recorded when it was "
+                          f"written ({_short(saved)}; now {_short(now)}): it was changed or damaged after writing; "
+                          f"write it again")
+    return saved
+
+
+def read_verified(zarr_array, idx: tuple[slice, ...] | None = None, where: str = "") -> np.ndarray:
+    """Block ``idx`` (default: all) of a zarr array as numpy, every chunk it overlaps checked
+    against the array's recorded hashes (unchecked where it has none).
+
+    Raises:
+        DamagedData: a chunk's values differ from what was written (a missing chunk file reads
+            as the fill value, so it is caught here), naming the array and the chunk.
+    """
+    shape = tuple(int(s) for s in zarr_array.shape)
+    idx = tuple(slice(None) for _ in shape) if idx is None else tuple(idx)
+    idx = tuple(s if isinstance(s, slice) else slice(int(s), int(s) + 1) for s in idx)
+    idx = idx + tuple(slice(None) for _ in range(len(shape) - len(idx)))
+    want = [range(*s.indices(n)) for s, n in zip(idx, shape, strict=True)]
+    hashes = dict(zarr_array.attrs).get(CHUNKS_ATTR)
+    if not isinstance(hashes, Mapping):
+        return np.asarray(zarr_array[idx])
+    out = np.empty([len(r) for r in want], dtype=np.dtype(zarr_array.dtype))
+    chunks = tuple(int(c) for c in zarr_array.chunks)
+    for key, sl in chunk_grid(shape, chunks):
+        lo = [max(s.start, r.start) if len(r) else 0 for s, r in zip(sl, want, strict=True)]
+        hi = [min(s.stop, r.stop) if len(r) else 0 for s, r in zip(sl, want, strict=True)]
+        if any(a >= b for a, b in zip(lo, hi, strict=True)):
+            continue
+        try:
+            block = np.asarray(zarr_array[sl])
+        except Exception as e:  # noqa: BLE001  a truncated or garbled chunk fails to decode
+            raise DamagedData(f"{where or zarr_array.name}: chunk {key} is unreadable ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200] if str(e) else ''}): the data are damaged; write them "
+                              f"again") from None
+        if block_hash(block) != hashes.get(key):
+            raise DamagedData(f"{where or zarr_array.name}: chunk {key} does not match the fingerprint recorded when "
+                              f"it was written (a chunk file missing, truncated or replaced): the data are damaged; "
+                              f"write them again")
+        src = tuple(slice(a - s.start, b - s.start) for a, b, s in zip(lo, hi, sl, strict=True))
+        dst = tuple(slice(a - r.start, b - r.start) for a, b, r in zip(lo, hi, want, strict=True))
+        out[dst] = block[src]
+    return out
+
+
+def _short(fp: str | None) -> str:
+    return "none" if fp is None else fp[:16]
+
+
+def short(fp: str | None) -> str:
+    """A fingerprint as shown in messages: its first 16 hex digits."""
+    return _short(fp)
