@@ -89,6 +89,13 @@ def record(root) -> str:
     return fp
 
 
+def recorded_fingerprint(path) -> str | None:
+    """The fingerprint recorded on the zarr group at ``path`` (no data read), or None."""
+    import zarr  # noqa: PLC0415
+
+    return dict(zarr.open_group(str(path), mode="r").attrs).get(GROUP_ATTR)
+
+
 def check_group(root, where: str) -> str | None:
     """The group's recorded fingerprint, after checking it against its arrays' recorded chunk
     hashes and its attributes (no data read); None for a group without one."""

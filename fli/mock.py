@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -87,7 +88,9 @@ def make_mock(cfg: Config, log: logging.Logger | None = None) -> dict:
 
 def write_mock(run_dir: Path, cfg: Config, resolved: dict, m: dict, log: logging.Logger) -> Path:
     """Write the mock into ``run_dir`` (arrays per process, COMPLETE marker last) and figures."""
+    from fli.fingerprint import recorded_fingerprint  # noqa: PLC0415
     from fli.io import FORMAT_VERSION, MOCK_NAME, mark_complete, write_arrays  # noqa: PLC0415
+    from fli.manifest import write_manifest  # noqa: PLC0415
 
     run_dir = Path(run_dir)
     if jax.process_index() == 0:
@@ -120,6 +123,7 @@ def write_mock(run_dir: Path, cfg: Config, resolved: dict, m: dict, log: logging
     if jax.process_index() == 0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     mark_complete(path, summary)
+    write_manifest(run_dir, "fli-mock", resolved, SimpleNamespace(path=path, fingerprint=recorded_fingerprint(path)))
     log.info("mock written to %s", path)
     return path
 

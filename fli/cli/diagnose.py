@@ -2,9 +2,9 @@
 
 ``fli-diagnose runs=[dir1,dir2]`` or ``fli-diagnose sweep=<fli-nuts multirun dir>``
 [``diagnose.*`` overrides] [``run_dir=...``]. Reads only complete chunks, so it runs while the
-chains still sample. Exit status: 0 pass, 1 warn, 2 fail (the report is written); bad input
-also exits 2, with one ``fli-diagnose: error: ...`` line on stderr and no report. See
-:mod:`fli.infer.diagnose` and docs/diagnose.md.
+chains still sample. Exit status: 0 pass, 3 warn, 4 fail (the report is written); 2 bad input
+(one ``fli-diagnose: error: ...`` line on stderr, no report), as for every fli command; 1 a
+crash. See :mod:`fli.infer.diagnose` and docs/diagnose.md.
 """
 
 from __future__ import annotations

@@ -13,12 +13,14 @@ from pathlib import Path
 
 from fli.cli.common import main_wrapper
 from fli.config import Config, ConfigError
+from fli.manifest import check_kind
 from fli.mock import make_mock, write_mock
 
 
 def _body(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> None:
     from fli.io import MOCK_NAME  # noqa: PLC0415
 
+    check_kind(run_dir, "fli-mock")
     if (Path(run_dir) / MOCK_NAME).exists():
         raise ConfigError(f"run_dir {run_dir} already holds a mock: choose another run_dir")
     m = make_mock(cfg, log)

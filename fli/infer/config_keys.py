@@ -34,18 +34,19 @@ SAMPLER = tuple(f"inference.{k}" for k in ("kernel", "num_warmup", "num_samples"
                                            "step_size", "target_accept", "chunk", "field_thin", "init_redraw",
                                            "chains_per_run", "sampler"))
 # a fli-nuts run resumed or extended: more draws, another start or another MAP config
+# (the observation is compared by its fingerprint, fli/manifest.py, not by the spelling of its path)
 SAMPLING_MAY_CHANGE = ("inference.num_samples", "inference.map", *PLACEMENT, "init", "inference.init_redraw",
-                       *DIAGNOSE)
+                       *DIAGNOSE, "mock")
 # a fli-map run resumed: a larger budget, other stopping and reporting settings
 MAP_MAY_CHANGE = ("inference.map.steps", "inference.map.tol", "inference.map.patience",
                   "inference.map.checkpoint_every", "inference.map.laplace", "inference.map.cg_tol",
                   "inference.map.cg_maxiter", "inference.map.compare_truth", *SAMPLER, *DIAGNOSE, "init",
-                  *PLACEMENT)
+                  *PLACEMENT, "mock")
 # chains of one posterior: the start differs between chains on purpose (R-hat compares chains
 # from spread starts), and both sampler layouts sample the same posterior
 CHAINS_MAY_DIFFER = ("seed", *PLACEMENT, "init", "inference.num_samples", "inference.num_warmup",
                      "inference.chunk", "inference.field_thin", "inference.init_redraw", "inference.map",
-                     "inference.chains_per_run", "inference.sampler", *DIAGNOSE)
+                     "inference.chains_per_run", "inference.sampler", *DIAGNOSE, "mock")
 # what defines the posterior a MAP or a chain belongs to
 MODEL_PARTS = ("simulation", "lensing", "survey", "prior")
 MODEL_NEUTRAL = ("simulation.adjoint",)  # how gradients are taken does not change the posterior

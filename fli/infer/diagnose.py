@@ -25,6 +25,7 @@ InferenceData), figures and ``report.html`` (:mod:`fli.infer.diagnose_report`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -34,6 +35,7 @@ import numpy as np
 
 from fli.config import ConfigError, DiagnoseConfig
 from fli.files import write_json
+from fli.fingerprint import short
 from fli.infer.config_keys import CHAINS_MAY_DIFFER, differences, leaves
 from fli.infer.inference_data import add_field_summaries, quiet_arviz
 from fli.infer.params import names_of_run
@@ -45,12 +47,15 @@ from fli.infer.run_store import (
     read_chunks,
     read_config,
 )
+from fli.manifest import check_kind, kind_of, read_manifest, write_manifest
 
 DIAGNOSTICS_JSON = "diagnostics.json"
 CHAINS_NC = "chains.nc"
 STAT_KEYS = ("diverging", "energy", "tree_depth", "n_steps", "step_size", "acceptance_rate", "lp", "gradient_evals")
 VERDICTS = ("pass", "warn", "fail")
-EXIT_STATUS = {"pass": 0, "warn": 1, "fail": 2}
+# exit statuses: a verdict's, apart from bad input's 2 (every fli command's) and a crash's 1
+EXIT_STATUS = {"pass": 0, "warn": 3, "fail": 4}
+BAD_INPUT = 2
 
 
 @dataclasses.dataclass
@@ -74,6 +79,13 @@ class Chain:
     grads0: float
     seconds0: float
     notes: list[str]
+    observation: dict | None = None  # the run's manifest's observation (path, fingerprint)
+
+    @property
+    def index(self) -> int:
+        """The chain's index in its run: ``c`` of ``chain_<c>/``, else 0."""
+        name = self.run.name
+        return int(name[len("chain_"):]) if name.startswith("chain_") and name[6:].isdigit() else 0
 
     @property
     def n_post(self) -> int:
@@ -110,6 +122,9 @@ def find_runs(runs: list[str] | None, sweep: str | None) -> list[Path]:
 def read_chain(run: Path) -> Chain | str:
     """The chain of ``run``, or why it cannot be used (a sentence)."""
     run = Path(run)
+    kind = kind_of(run)
+    if kind not in (None, "fli-nuts"):
+        return f"{run} is a {kind} run, not a fli-nuts run: give fli-nuts run directories"
     config = read_config(run)
     if config is None:
         return f"{run}: no config.yaml (not a fli-nuts run directory)"
@@ -152,7 +167,8 @@ def read_chain(run: Path) -> Chain | str:
                  stats={k: np.asarray(v)[post] for k, v in st.items()},
                  pk={k: np.asarray(c["spectra"][k])[post] for k in ("pk_white_noise", "pk_linear")},
                  k=np.asarray(c["spectra"]["k"]), n_warmup=int(warm.sum()), num_warmup=num_warmup, chunks=used,
-                 grads0=grads0, seconds0=seconds0, notes=notes)
+                 grads0=grads0, seconds0=seconds0, notes=notes,
+                 observation=(read_manifest(run) or read_manifest(run.parent) or {}).get("observation"))
 
 
 def model_key(config: dict) -> dict:
@@ -400,7 +416,58 @@ def load(run_dirs: list[Path]) -> tuple[list[Chain], list[dict]]:
         raise ConfigError(f"no chain to diagnose: {why}")
     chains, other = consistent(chains)
     dropped += [{"run": str(r), "reason": why} for r, why in other]
+    chains, other = _one_observation(chains)
+    dropped += [{"run": str(r), "reason": why} for r, why in other]
+    chains, other = _distinct(chains)
+    dropped += [{"run": str(r), "reason": why} for r, why in other]
     return chains, dropped
+
+
+def _one_observation(chains: list[Chain]) -> tuple[list[Chain], list[tuple[Path, str]]]:
+    """The chains of the first chain's observation (compared by fingerprint, else by resolved
+    path), and each other chain with why it was dropped."""
+    ref = chains[0]
+
+    def ident(c: Chain):
+        fp = (c.observation or {}).get("fingerprint")
+        if fp is not None:
+            return "fingerprint", fp
+        mock = c.config.get("mock")
+        return "path", str(Path(mock).resolve()) if mock else None
+
+    kind, want = ident(ref)
+    kept, dropped = [], []
+    for c in chains:
+        k, v = ident(c)
+        if k != kind or v is None or want is None or v == want:
+            kept.append(c)
+        else:
+            what = (f"fingerprint {short(v)} here, {short(want)} there" if k == "fingerprint" else
+                    f"mock={c.config.get('mock')} here, {ref.config.get('mock')} there")
+            dropped.append((c.run, f"sampled another observation than {ref.run}: {what}"))
+    return kept, dropped
+
+
+def _distinct(chains: list[Chain]) -> tuple[list[Chain], list[tuple[Path, str]]]:
+    """Drop a chain that repeats an earlier one: identical draws, or the same seed and chain
+    index (so the same random numbers) in another run; it adds no information, and R-hat and
+    ESS would count it as independent."""
+    kept, dropped, seen = [], [], {}
+    for c in chains:
+        draws = np.stack([np.asarray(c.draws[k], np.float64) for k in sorted(c.draws) if k not in ("draw", "warmup")])
+        key_draws = hashlib.sha256(draws.tobytes()).hexdigest()
+        key_seed = ("seed", c.config.get("seed"), c.index)
+        first = seen.get(key_draws) or (seen.get(key_seed) if c.config.get("seed") is not None else None)
+        if first is not None:
+            why = ("identical draws" if seen.get(key_draws) is not None else
+                   f"the same seed ({c.config.get('seed')}) and chain index")
+            dropped.append((c.run, f"repeats the chain of {first.run} ({why}): not an independent chain; give each "
+                                   f"run its own seed"))
+            continue
+        seen.setdefault(key_draws, c)
+        seen.setdefault(key_seed, c)
+        kept.append(c)
+    return kept, dropped
 
 
 def chain_table(chains: list[Chain], n: int) -> list[dict]:
@@ -423,6 +490,7 @@ def run_diagnose(cfg, resolved: dict, run_dir: Path, log: logging.Logger) -> dic
     """Diagnose ``cfg.runs`` or ``cfg.sweep`` into ``run_dir``; returns the report (the content
     of ``diagnostics.json``). Bad input raises ConfigError before anything is written."""
     run_dir = Path(run_dir)
+    check_kind(run_dir, "fli-diagnose")
     runs = find_runs(list(cfg.runs) if cfg.runs else None, cfg.sweep)
     chains, dropped = load(runs)
     for d in dropped:
@@ -448,6 +516,7 @@ def run_diagnose(cfg, resolved: dict, run_dir: Path, log: logging.Logger) -> dic
     else:
         report["figures"], report["figure_notes"] = {}, ["diagnose.figures=false"]
     write_json(run_dir / DIAGNOSTICS_JSON, report)
+    write_manifest(run_dir, "fli-diagnose", resolved)
     from fli.infer.diagnose_report import write_html  # noqa: PLC0415
 
     write_html(report, run_dir)

@@ -37,7 +37,9 @@ from fli.infer.config_keys import MAP_MAY_CHANGE, check_resumable
 from fli.infer.model import Data, Latents, Posterior, build_posterior, make_data
 from fli.infer.optimize import MapRun, converged, history_array, init_state, make_step, run_map
 from fli.infer.summaries import linear_field_of, truth_linear_field
+from fli.manifest import check_kind, check_same_observation, read_manifest, write_manifest
 
+COMMAND = "fli-map"
 MAP_JSON = "map.json"
 FIELD_NAME = "map_field.zarr"
 
@@ -85,6 +87,7 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
     from fli.host import release_freed_memory  # noqa: PLC0415
 
     run_dir = Path(run_dir)
+    check_kind(run_dir, COMMAND)
     mcfg = cfg.inference.map
     obs, post, data = prepare(cfg, log)
     if (run_dir / MAP_JSON).exists():
@@ -95,6 +98,8 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
     if last is not None:
         meta = ckpt.read_meta(ckpt_dir, last)
         check_resumable(meta["config"], resolved, MAP_MAY_CHANGE, where=f"run_dir {run_dir}")
+        check_same_observation((read_manifest(run_dir) or {}).get("observation"), obs, f"run_dir {run_dir}",
+                               legacy_path=meta["config"].get("mock"))
     theta_fixed = _fixed_theta(cfg, post)
     step_fn, opt = make_step(post, mcfg, theta_fixed)
     init = post.zeros()
@@ -110,6 +115,7 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
     if jax.process_index() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text(run_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+        write_manifest(run_dir, COMMAND, resolved, obs)
 
     fwd = post.fwd
     pix_arcmin = fwd.geometry.pixel_size_arcmin

@@ -50,9 +50,11 @@ from fli.infer.run_store import (
 from fli.infer.sampler import Kernel, make_kernel
 from fli.infer.start import chain_keys, initial_point
 from fli.lensing import KAPPA_SPEC
+from fli.manifest import check_kind, check_same_observation, read_manifest, write_manifest
 from fli.power import default_kedges
 from fli.sharding import replicated_to_host
 
+COMMAND = "fli-nuts"
 # the field names of Accum in checkpoints written before they were renamed
 _LEGACY_ACCUM = {"mean_k": "mean_kappa", "m2_k": "m2_kappa"}
 
@@ -110,12 +112,16 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
     from fli.infer.map import prepare  # noqa: PLC0415
 
     run_dir = Path(run_dir)
+    check_kind(run_dir, COMMAND)
     icfg = cfg.inference
     n_chains = icfg.chains_per_run
     obs, post, data = prepare(cfg, log, compare_truth=False)
     total = icfg.num_warmup + icfg.num_samples
     ckpt_dir = run_dir / CHECKPOINTS
     last, meta = _last_checkpoint(ckpt_dir, resolved, run_dir)
+    if meta is not None:
+        recorded = (read_manifest(run_dir) or {}).get("observation")
+        check_same_observation(recorded, obs, f"run_dir {run_dir}", legacy_path=meta["config"].get("mock"))
     if meta is not None and (run_dir / NUTS_JSON).exists() and meta["draws"] >= total:
         # a sweep started again after a crash passes over its finished jobs: nothing is rewritten
         log.info("run_dir %s already holds a finished run of %d draws (%s): nothing to do; raise "
@@ -144,8 +150,9 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
                  list(grid.pdims))
     for d in chain_dirs:
         tidy_chunks(d, last, log)
-    for d in dict.fromkeys([run_dir, *chain_dirs]):
+    for d in dict.fromkeys([run_dir, *chain_dirs]):  # the run is valid: say what it is
         write_config(d, resolved)
+        write_manifest(d, COMMAND, resolved, obs)
     if done >= total:
         log.info("nothing to do: %d draws done of %d", done, total)
     kedges = default_kedges(grid.fft, grid.box)

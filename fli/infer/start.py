@@ -23,6 +23,7 @@ from fli.config import Config, ConfigError
 from fli.infer.config_keys import MODEL_NEUTRAL, MODEL_PARTS, differences, show
 from fli.infer.map import MAP_JSON, load_map_field
 from fli.infer.model import Posterior
+from fli.manifest import check_same_observation, kind_of, read_manifest
 
 POINT_SUFFIXES = (".json", ".npz")
 
@@ -36,17 +37,26 @@ def chain_keys(seed: int, chains: int):
     return [p[0] for p in pairs], jnp.stack([p[1] for p in pairs])
 
 
-def check_init_map(cfg: Config, map_dir: Path) -> dict:
-    """The ``map.json`` of a fli-map run, after checking that it fitted this mock."""
+def check_init_map(cfg: Config, map_dir: Path, obs) -> dict:
+    """The ``map.json`` of a fli-map run, after checking that it fitted this observation (by
+    its fingerprint) with this model."""
+    kind = kind_of(map_dir)
+    if kind not in (None, "fli-map"):
+        raise ConfigError(f"init={map_dir} is a {kind} run, not a fli-map run: give a fli-map run directory, "
+                          f"'prior' or 'truth'")
     mj = map_dir / MAP_JSON
     if not mj.is_file():
         raise ConfigError(f"init={map_dir}: no {MAP_JSON} there (not a finished fli-map run); give a fli-map run "
                           f"directory, 'prior' or 'truth'")
     saved = yaml.safe_load((map_dir / "config.yaml").read_text()) if (map_dir / "config.yaml").is_file() else {}
-    theirs, ours = saved.get("mock"), cfg.mock
-    if theirs is None or Path(theirs).resolve() != Path(ours).resolve():
-        raise ConfigError(f"init={map_dir} is a MAP of mock={theirs}, not of mock={ours}: fit the MAP on this mock "
-                          f"first (fli-map mock={ours}) or use init=prior")
+    recorded = (read_manifest(map_dir) or {}).get("observation")
+    if recorded is None and saved.get("mock") is None:
+        raise ConfigError(f"init={map_dir} records no observation: fit the MAP on this mock first "
+                          f"(fli-map mock={cfg.mock}) or use init=prior")
+    try:
+        check_same_observation(recorded, obs, f"init={map_dir}", legacy_path=saved.get("mock"))
+    except ConfigError as e:
+        raise ConfigError(f"{e} (fit the MAP on this observation first: fli-map mock={cfg.mock})") from None
     ours_cfg = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
     diff = differences({k: saved[k] for k in MODEL_PARTS if saved.get(k) is not None}, ours_cfg, only=[
         k for k in MODEL_PARTS if saved.get(k) is not None], ignore=MODEL_NEUTRAL)
@@ -165,7 +175,7 @@ def initial_point(cfg: Config, post: Posterior, obs, key, log: logging.Logger):
     if not map_dir.is_dir():
         raise ConfigError(f"init={how}: not 'prior', 'truth', a point file (.json or .npz) or a fli-map run "
                           f"directory")
-    mj = check_init_map(cfg, map_dir)
+    mj = check_init_map(cfg, map_dir, obs)
     theta = jnp.asarray(post.theta_of(mj["params"]), grid.jdtype)
     s_map = load_map_field(map_dir, grid.mesh).astype(grid.jdtype)
     desc = {"init": str(map_dir), "redraw": cfg.inference.init_redraw}

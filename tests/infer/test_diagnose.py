@@ -9,6 +9,8 @@ breaks one of these.
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -155,7 +157,7 @@ def test_each_defect_is_flagged(tmp_path, config, change, flagged):
     v, report, _, _ = verdicts(four(tmp_path, config, change))
     for c in flagged:
         assert v[c] == "fail", (c, v)
-    assert report["verdict"] == "fail" and report["exit_status"] == 2
+    assert report["verdict"] == "fail" and report["exit_status"] == 4
     healthy_checks = {"divergences", "ebfmi", "tree_depth"} - flagged
     assert all(v[c] == "pass" for c in healthy_checks), v
 
@@ -207,6 +209,26 @@ def test_a_chunk_being_written_is_not_read(tmp_path, config):
     assert any(".chunk_00002.tmp" in n for n in c.notes)
 
 
+def test_a_repeated_chain_or_one_of_another_observation_is_dropped(tmp_path, config):
+    a = write_chain(tmp_path / "a", config, healthy(n=300, seed=1), seed=1)
+    b = write_chain(tmp_path / "b", config, healthy(n=300, seed=2), seed=2)
+    same_seed = write_chain(tmp_path / "same_seed", config, healthy(n=300, seed=3), seed=1)
+    copy = tmp_path / "copy"
+    shutil.copytree(b, copy)
+    chains, dropped = dg.load([a, b, same_seed, copy, a])
+    assert [c.run for c in chains] == [a, b]
+    why = {Path(d["run"]).name: d["reason"] for d in dropped}
+    assert "repeats the chain of" in why["same_seed"] and "same seed (1)" in why["same_seed"]
+    assert "identical draws" in why["copy"] and len(dropped) == 3  # a listed twice is dropped too
+    # manifests recording another observation's fingerprint
+    for run, fp in ((a, "a" * 64), (b, "b" * 64)):
+        (run / "fli-run.json").write_text(json.dumps({"command": "fli-nuts",
+                                                      "observation": {"path": "x", "fingerprint": fp}}))
+    chains, dropped = dg.load([a, b])
+    assert len(chains) == 1 and "sampled another observation" in dropped[0]["reason"]
+    assert "bbbbbbbbbbbbbbbb here, aaaaaaaaaaaaaaaa there" in dropped[0]["reason"]
+
+
 def test_a_chain_still_in_warm_up_is_dropped(tmp_path, config):
     a = write_chain(tmp_path / "a", config, healthy(n=50))
     b = write_chain(tmp_path / "b", config, healthy(n=0, warmup=10), chunk=5)
@@ -238,10 +260,10 @@ def test_command_writes_report_and_exit_status(tmp_path, config, capsys):
     assert page.count("data:image/png;base64,") == len(rep["figures"]) and "src=\"http" not in page
 
 
-def test_command_fail_is_status_2_with_report(tmp_path, config, capsys):
+def test_command_fail_is_status_4_with_report(tmp_path, config, capsys):
     runs = four(tmp_path, config, _shifted)
     out = tmp_path / "diag"
-    assert _main([f"runs=[{','.join(map(str, runs))}]", f"run_dir={out}", "diagnose.figures=false"]) == 2
+    assert _main([f"runs=[{','.join(map(str, runs))}]", f"run_dir={out}", "diagnose.figures=false"]) == 4
     assert "verdict: FAIL" in capsys.readouterr().out and (out / "diagnostics.json").is_file()
 
 
@@ -259,6 +281,7 @@ def test_command_sweep_directory(tmp_path, config):
 @pytest.mark.parametrize("args, match", [
     ([], "give the chains to diagnose"),
     (["runs=[{empty}]"], "no complete chunk yet"),
+    (["runs=[{mock}]"], "is a fli-mock run, not a fli-nuts run"),
     (["runs=[{missing}]"], "is not a directory"),
     (["sweep={empty}"], "holds no fli-nuts job directory"),
     (["runs=[{empty}]", "sweep={empty}"], "not both"),
@@ -269,7 +292,9 @@ def test_bad_input_is_one_line_status_2_and_no_report(tmp_path, capsys, args, ma
     (empty / "chunks").mkdir(parents=True)
     (empty / "config.yaml").write_text("seed: 0\n")
     out = tmp_path / "diag"
-    args = [a.format(empty=empty, missing=tmp_path / "missing") for a in args]
+    mock = tmp_path / "mock"
+    (mock / "mock.zarr").mkdir(parents=True)
+    args = [a.format(empty=empty, missing=tmp_path / "missing", mock=mock) for a in args]
     assert _main([*args, f"run_dir={out}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fli-diagnose: error:") and match in err[0], err
@@ -299,7 +324,7 @@ def test_real_chains_of_the_small_mock(small_mock, chain, tmp_path):
     out = tmp_path / "diag"
     code = _main([f"runs=[{runs[0]},{runs[1]}]", f"run_dir={out}"])
     rep = json.loads((out / "diagnostics.json").read_text())
-    assert code == rep["exit_status"] == 2  # 6 draws per chain: far too short, and the report says so
+    assert code == rep["exit_status"] == 4  # 6 draws per chain: far too short, and the report says so
     assert rep["draws_per_chain"] == 6 and rep["chains"] == 2
     idata = az.from_netcdf(out / "chains.nc")
     for j, run in enumerate(runs):

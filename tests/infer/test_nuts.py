@@ -154,7 +154,7 @@ def test_init_from_a_map_of_another_mock_is_refused(small_mock, tmp_path, capsys
     run = tmp_path / "run"
     assert nuts_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", f"init={other}"]) == 2
     err = capsys.readouterr().err
-    assert "is a MAP of mock=" in err and "not of mock=" in err
+    assert "was made with mock=" in err and "fli-map mock=" in err
     assert not (run / "chunks").exists()
     assert nuts_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", f"init={tmp_path / 'nothing'}"]) == 2
     assert "not 'prior', 'truth', a point file (.json or .npz) or a fli-map run directory" in capsys.readouterr().err
@@ -205,6 +205,37 @@ def test_vectorised_chains_are_each_the_chain_of_their_own_key(small_mock, chain
     assert find_runs([str(run)], None) == [run / "chain_0", run / "chain_1"]
     # the number of chains is part of the run: another count is refused, naming the key
     assert nuts_main([*base, "inference.chains_per_run=3", "inference.num_samples=10"]) == 2
+
+
+def test_init_from_a_map_compares_the_observation_by_fingerprint_not_path(small_mock, tmp_path, monkeypatch):
+    """A MAP's manifest records its observation's fingerprint: the same mock under another
+    spelling of its path is accepted, a MAP of other data is refused naming both fingerprints,
+    and a fli-nuts run is not a MAP."""
+    from fli.cli.common import compose
+    from fli.config import ConfigError
+    from fli.infer.start import check_init_map
+    from fli.io import load_observation
+    from fli.manifest import MANIFEST
+
+    cfg, _ = compose([*SMALL, f"mock={small_mock}"])
+    obs = load_observation(small_mock)
+    map_dir = tmp_path / "map"
+    map_dir.mkdir()
+    (map_dir / "map.json").write_text(json.dumps({"params": {"Omega_c": 0.26, "sigma8": 0.8}}))
+    (map_dir / "config.yaml").write_text("mock: elsewhere\n")
+    monkeypatch.chdir(small_mock.parent)
+    manifest = {"command": "fli-map", "observation": {"path": f"./{small_mock.name}//mock.zarr/",
+                                                      "fingerprint": obs.fingerprint}}
+    (map_dir / MANIFEST).write_text(json.dumps(manifest))
+    assert check_init_map(cfg, map_dir, obs)["params"]["sigma8"] == 0.8
+    manifest["observation"]["fingerprint"] = "0" * 64
+    (map_dir / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match=f"fingerprint 0000000000000000 .* this one is {obs.fingerprint[:16]}"):
+        check_init_map(cfg, map_dir, obs)
+    manifest["command"] = "fli-nuts"
+    (map_dir / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match="is a fli-nuts run, not a fli-map run"):
+        check_init_map(cfg, map_dir, obs)
 
 
 def test_a_given_point_starts_the_chain_there(tmp_path):
