@@ -49,6 +49,13 @@ barrier. :func:`latest_step` broadcasts process 0's answer, so that every proces
 same step even where a network file system shows them directories late. ``ckpt_dir`` must be
 the same shared directory on every process.
 
+Checksums: every leaf's record carries a checksum of its values taken when it is saved, two
+wrapping uint32 sums over the global array (plain, and weighted by each element's position),
+so they are the same on any device layout; numpy and Python leaves get a SHA-256. A restore
+recomputes them and refuses a checkpoint whose values differ (a truncated, garbled or replaced
+file) with :class:`CheckpointError`, naming it: :func:`restore_checkpoint` decides the same on
+every process, so a caller can fall back to an earlier checkpoint.
+
 Orbax's absl log lines and Python warnings are silenced below ERROR while it runs (only then,
 not at import); this module logs what it does through :func:`fli.sharding.get_logger`.
 """
@@ -56,12 +63,13 @@ not at import); this module logs what it does through :func:`fli.sharding.get_lo
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import re
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +201,67 @@ def _leaf_record(path: str, leaf) -> tuple[dict, Any]:
                     "leaves must be jax Arrays, numpy arrays, bool, int or float")
 
 
+def _bits(x):
+    """The values of ``x`` as uint32 words (traceable): 4-byte types bitcast, smaller ones
+    widened, 8-byte ones as two words each."""
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32)
+    size = jnp.dtype(x.dtype).itemsize
+    if size == 4:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32)
+    if size < 4:
+        return jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16}[size]).astype(jnp.uint32)
+    return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(*x.shape, -1)
+
+
+def _sums(leaves):
+    out = []
+    for x in leaves:
+        b = _bits(x)
+        # each element's C-order position, from iotas (no reshape: a sharded array stays put)
+        pos, stride = jnp.zeros(b.shape, jnp.uint32), 1
+        for d in range(b.ndim - 1, -1, -1):
+            pos = pos + jax.lax.broadcasted_iota(jnp.uint32, b.shape, d) * jnp.uint32(stride % 2**32)
+            stride *= b.shape[d]
+        w = pos * jnp.uint32(2654435761) + jnp.uint32(1)
+        out.append(jnp.stack([jnp.sum(b, dtype=jnp.uint32), jnp.sum(b * w, dtype=jnp.uint32)]))
+    return out
+
+
+_sums_jit = jax.jit(_sums)
+
+
+def checksums(leaves: list) -> list[str]:
+    """A checksum of each leaf's values (a PRNG key's data), the same on any device layout:
+    ``"u32:<sum>:<weighted sum>"`` for jax arrays (computed where they live; every process gets
+    the same), ``"sha256:<hex>"`` for numpy arrays and Python scalars."""
+    out: list[str | None] = [None] * len(leaves)
+    dev = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, jax.Array):
+            dev.append((i, jax.random.key_data(leaf) if _is_key(leaf) else leaf))
+        else:
+            a = np.ascontiguousarray(np.asarray(leaf))
+            out[i] = "sha256:" + hashlib.sha256(f"{a.dtype.str}{list(a.shape)}".encode() + a.tobytes()).hexdigest()
+    if dev:
+        from fli.sharding import replicated_to_host  # noqa: PLC0415
+
+        sums = _sums_jit([x for _, x in dev])
+        for (i, _), s in zip(dev, sums, strict=True):
+            a, b = (int(v) for v in replicated_to_host(s))
+            out[i] = f"u32:{a}:{b}"
+    return out
+
+
+def _everywhere(ok: bool) -> bool:
+    """Whether ``ok`` holds on every process (a collective with several)."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+
+    return bool(np.min(multihost_utils.process_allgather(np.array([int(ok)], np.int32))))
+
+
 def _names(n: int) -> list[str]:
     return [f"{i:06d}" for i in range(n)]
 
@@ -222,10 +291,11 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, state: Any, meta: dict, kee
     ckpt_dir = Path(ckpt_dir).absolute()  # orbax takes absolute paths only; run_dir= may be relative
     flat, _ = jax.tree_util.tree_flatten_with_path(state)
     records, values = [], {}
-    for name, (kp, leaf) in zip(_names(len(flat)), flat):
+    sums = checksums([leaf for _, leaf in flat])
+    for name, (kp, leaf), checksum in zip(_names(len(flat)), flat, sums, strict=True):
         path = jax.tree_util.keystr(kp)
         rec, value = _leaf_record(path, leaf)
-        records.append({"path": path} | rec)
+        records.append({"path": path} | rec | {"checksum": checksum})
         values[name] = value
     sidecar = {"fli_checkpoint": FORMAT_VERSION, "step": step, "process_count": jax.process_count(),
                "meta": jsonable(dict(meta)), "leaves": records}
@@ -285,6 +355,47 @@ def read_meta(ckpt_dir: str | Path, step: int | None = None) -> dict:
         CheckpointError: no such complete checkpoint, or its JSON is unreadable.
     """
     return _read_sidecar(_resolve(ckpt_dir, step)[0])["meta"]
+
+
+def newest_readable(ckpt_dir: str | Path, log: logging.Logger, below: int | None = None
+                    ) -> tuple[int | None, dict | None]:
+    """The newest complete checkpoint (older than ``below``, if given) whose meta reads, with
+    its meta; each unreadable one is reported in one line and skipped. ``(None, None)`` when
+    there is none at all.
+
+    Raises:
+        CheckpointError: checkpoints exist but none is readable.
+    """
+    latest = latest_step(ckpt_dir)
+    if latest is None:
+        return None, None
+    steps = sorted({latest, *(s for s in all_steps(ckpt_dir) if s <= latest)}, reverse=True)
+    steps = [s for s in steps if below is None or s < below]
+    first_error = None
+    for s in steps:
+        try:
+            return s, read_meta(ckpt_dir, s)
+        except CheckpointError as e:
+            first_error = first_error or e
+            log.warning("%s: falling back to an earlier checkpoint", e)
+    if first_error is not None:
+        raise CheckpointError(f"no intact checkpoint in {ckpt_dir} ({first_error}): use a new run_dir")
+    return None, None
+
+
+def restore_with_fallback(ckpt_dir: str | Path, step: int, meta: dict, restore: Callable, log: logging.Logger):
+    """``restore(step, meta)``, or where that checkpoint is damaged (:class:`CheckpointError`)
+    the same of the newest intact checkpoint before it, saying so; returns
+    ``(restore's result, step, meta)`` of the one used."""
+    while True:
+        try:
+            return restore(step, meta), step, meta
+        except CheckpointError as e:
+            prev, prev_meta = newest_readable(ckpt_dir, log, below=step)
+            if prev is None:
+                raise CheckpointError(f"{e}; no earlier checkpoint to fall back to: use a new run_dir") from None
+            log.warning("%s: falling back to checkpoint %d", e, prev)
+            step, meta = prev, prev_meta
 
 
 def read_leaves(ckpt_dir: str | Path, step: int | None = None) -> list[dict]:
@@ -356,7 +467,7 @@ def restore_checkpoint(ckpt_dir: str | Path, step: int | None, target: Any) -> t
     wanted, names = {}, _names(len(flat))
     for name, rec, (kp, leaf) in zip(names, records, flat):
         wanted[name] = _restore_spec(path, rec, jax.tree_util.keystr(kp), leaf)
-    got = {}
+    got, why = {}, None
     try:
         with _quiet_orbax():
             ocp, ckptr = _checkpointer()
@@ -364,9 +475,18 @@ def restore_checkpoint(ckpt_dir: str | Path, step: int | None, target: Any) -> t
                 if wanted:
                     got = ckptr.restore(path, args=ocp.args.Composite(
                         **{STATE_ITEM: ocp.args.StandardRestore(wanted)}))[STATE_ITEM]
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise CheckpointError(f"checkpoint {path} is unreadable: {type(e).__name__}: {_one_line(e)}") from None
-    leaves = [_finish(rec, got[name], leaf) for name, rec, (_, leaf) in zip(names, records, flat)]
+    except Exception as e:  # noqa: BLE001  orbax and TensorStore raise many kinds for a damaged file
+        why = f"unreadable ({type(e).__name__}: {_one_line(e)})"
+    leaves = []
+    if why is None:
+        leaves = [_finish(rec, got[name], leaf) for name, rec, (_, leaf) in zip(names, records, flat)]
+        sums = checksums(leaves)
+        bad = [rec["path"] for rec, s in zip(records, sums, strict=True) if rec.get("checksum", s) != s]
+        if bad:
+            why = (f"damaged: {len(bad)} leaf(s) differ from the checksums taken when it was saved (first "
+                   f"{bad[0] or '<root>'})")
+    if not _everywhere(why is None):  # every process takes the same decision
+        raise CheckpointError(f"checkpoint {path} is {why or 'unreadable on another process'}")
     _log.info("checkpoint %d restored from %s", step, path)
     return jax.tree_util.tree_unflatten(treedef, leaves), sidecar["meta"]
 

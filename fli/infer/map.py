@@ -94,9 +94,8 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
         raise ConfigError(f"run_dir {run_dir} already holds a finished MAP ({MAP_JSON}): choose another run_dir "
                           f"(or raise inference.map.steps after removing {MAP_JSON} to continue it)")
     ckpt_dir = run_dir / "checkpoints"
-    last = ckpt.latest_step(ckpt_dir)  # a collective: every process asks
+    last, meta = ckpt.newest_readable(ckpt_dir, log)  # a collective: every process asks
     if last is not None:
-        meta = ckpt.read_meta(ckpt_dir, last)
         check_resumable(meta["config"], resolved, MAP_MAY_CHANGE, where=f"run_dir {run_dir}")
         check_same_observation((read_manifest(run_dir) or {}).get("observation"), obs, f"run_dir {run_dir}",
                                legacy_path=meta["config"].get("mock"))
@@ -107,7 +106,9 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
         init = Latents(jnp.asarray(theta_fixed, init.theta.dtype), init.s)
     run = MapRun(init, init_state(opt, init, post), 0, [], jax.random.key(cfg.seed))
     if last is not None:
-        state, meta = ckpt.restore_checkpoint(ckpt_dir, last, _state(run))
+        target = _state(run)
+        (state, meta), last, _ = ckpt.restore_with_fallback(
+            ckpt_dir, last, meta, lambda s, _m: ckpt.restore_checkpoint(ckpt_dir, s, target), log)
         run = MapRun(state["params"], state["opt_state"], int(meta["step"]), list(meta["history"]),
                      jax.random.wrap_key_data(state["key"]), int(meta.get("below_tol", 0)))
         log.info("resuming from the checkpoint of step %d (saved on pdims %s, now %s)", run.step,

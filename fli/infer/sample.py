@@ -70,13 +70,12 @@ def _state(kstate, acc: Accum) -> dict:
     return {"kernel": kstate, "acc": acc}
 
 
-def _last_checkpoint(ckpt_dir: Path, resolved: dict, run_dir: Path) -> tuple[int | None, dict | None]:
-    """The last complete checkpoint's step and meta, after checking that this run may
+def _last_checkpoint(ckpt_dir: Path, resolved: dict, run_dir: Path, log) -> tuple[int | None, dict | None]:
+    """The newest readable checkpoint's step and meta, after checking that this run may
     continue it (every process asks: a collective)."""
-    last = ckpt.latest_step(ckpt_dir)
+    last, meta = ckpt.newest_readable(ckpt_dir, log)
     if last is None:
         return None, None
-    meta = ckpt.read_meta(ckpt_dir, last)
     # runs made before inference.sampler existed all sampled the flat, sharded latent
     meta["config"].setdefault("inference", {}).setdefault("sampler", "sharded")
     check_resumable(meta["config"], resolved, SAMPLING_MAY_CHANGE, where=f"run_dir {run_dir}")
@@ -118,7 +117,7 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
     obs, post, data = prepare(cfg, log, compare_truth=False)
     total = icfg.num_warmup + icfg.num_samples
     ckpt_dir = run_dir / CHECKPOINTS
-    last, meta = _last_checkpoint(ckpt_dir, resolved, run_dir)
+    last, meta = _last_checkpoint(ckpt_dir, resolved, run_dir, log)
     if meta is not None:
         recorded = (read_manifest(run_dir) or {}).get("observation")
         check_same_observation(recorded, obs, f"run_dir {run_dir}", legacy_path=meta["config"].get("mock"))
@@ -144,7 +143,9 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
         done, seconds0, chunk0 = 0, 0.0, 0
     else:
         z0 = jax.ShapeDtypeStruct((n_chains, lay.size), grid.jdtype, sharding=zsh)
-        kstate, acc = _restore(ckpt_dir, last, meta, kernel.template(z0, k_kernels, data), post, kernel, n_chains)
+        ktemplate = kernel.template(z0, k_kernels, data)
+        (kstate, acc), last, meta = ckpt.restore_with_fallback(
+            ckpt_dir, last, meta, lambda s, m: _restore(ckpt_dir, s, m, ktemplate, post, kernel, n_chains), log)
         done, seconds0, chunk0, init_desc = int(meta["draws"]), float(meta["seconds"]), last + 1, meta["init"]
         log.info("resuming after chunk %d (%d draws done; saved on pdims %s, now %s)", last, done, meta["pdims"],
                  list(grid.pdims))

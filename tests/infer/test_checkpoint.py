@@ -138,7 +138,41 @@ def test_layout_of_a_complete_checkpoint(tmp_path):
     assert (step / "commit_success.txt").is_file() and (step / "state").is_dir()
     sidecar = json.loads((step / "meta" / "metadata").read_text())
     assert sidecar["fli_checkpoint"] == 1 and sidecar["step"] == 0 and sidecar["meta"] == {"why": "layout"}
-    assert sidecar["leaves"] == [{"path": "['a']", "kind": "jax", "shape": [3], "dtype": "float32"}]
+    # the checksum, computed here independently: uint32 words of 1.0f, plain and weighted sums mod 2^32
+    words = np.ones(3, np.float32).view(np.uint32).astype(np.uint64)
+    weights = (np.arange(3, dtype=np.uint64) * 2654435761 + 1) % 2**32
+    checksum = f"u32:{int(words.sum() % 2**32)}:{int((words * weights % 2**32).sum() % 2**32)}"
+    assert sidecar["leaves"] == [{"path": "['a']", "kind": "jax", "shape": [3], "dtype": "float32",
+                                  "checksum": checksum}]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, damage):
+    mesh = make_mesh((2, 2))
+    field = jax.device_put(jnp.asarray(np.random.default_rng(1).standard_normal((16, 8, 6)), jnp.float32),
+                           field_sharding(mesh))
+    save_checkpoint(tmp_path, 3, {"s": field, "n": 4}, {})
+    files = sorted((p for p in (tmp_path / "3" / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = files[-1].read_bytes()  # the largest: the field's values
+    if damage == "truncate":
+        files[-1].write_bytes(data[: len(data) // 2])
+    else:  # same size, other bytes: only a checksum can tell
+        mid = len(data) // 2
+        files[-1].write_bytes(data[:mid] + bytes(b ^ 0xFF for b in data[mid:mid + 16]) + data[mid + 16:])
+    with pytest.raises(CheckpointError, match=r"checkpoint .*/3 is (damaged|unreadable)") as err:
+        restore_checkpoint(tmp_path, 3, {"s": field, "n": 0})
+    assert "\n" not in str(err.value)
+
+
+def test_values_that_differ_from_the_saved_checksums_are_refused(tmp_path):
+    save_checkpoint(tmp_path, 1, {"a": jnp.arange(6.0), "k": jax.random.key(0)}, {})
+    f = tmp_path / "1" / "meta" / "metadata"
+    side = json.loads(f.read_text())
+    assert [r["checksum"][:4] for r in side["leaves"]] == ["u32:", "u32:"]  # the key's data too
+    side["leaves"][0]["checksum"] = "u32:1:2"  # as if the stored values had changed after saving
+    f.write_text(json.dumps(side))
+    with pytest.raises(CheckpointError, match=r"is damaged: 1 leaf\(s\) differ .* \(first \['a'\]\)"):
+        restore_checkpoint(tmp_path, 1, {"a": jnp.zeros(6), "k": jax.random.key(1)})
 
 
 def test_latest_step_ignores_partial_checkpoints_and_save_cleans_them(tmp_path, caplog):

@@ -304,17 +304,40 @@ def test_resuming_with_another_model_config_is_refused(small_mock, chain, tmp_pa
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # nothing changed
 
 
-def test_a_corrupt_checkpoint_is_refused_with_its_path(small_mock, chain, tmp_path, capsys):
+def _truncate_state(checkpoint):
+    for p in (checkpoint / "state").rglob("*"):
+        if p.is_file() and p.stat().st_size > 64:
+            p.write_bytes(p.read_bytes()[: p.stat().st_size // 3])
+
+
+def test_with_every_checkpoint_damaged_the_run_is_refused_in_one_line_and_nothing_rewritten(small_mock, chain,
+                                                                                           tmp_path, capsys):
     run = tmp_path / "copy"
     shutil.copytree(chain, run)
-    last = ckpt.latest_step(run / "checkpoints")
-    for p in (run / "checkpoints" / str(last) / "state").rglob("*"):
-        if p.is_file() and p.stat().st_size > 64:
-            p.write_bytes(p.read_bytes()[: p.stat().st_size // 3])  # truncated
+    for step in ckpt.all_steps(run / "checkpoints"):
+        _truncate_state(run / "checkpoints" / str(step))
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     code = nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.num_samples=10"])
-    err = capsys.readouterr().err
-    assert code == 2 and f"checkpoints/{last}" in err, err
-    assert complete_chunks(run) == [0, 1, 2]  # the chunks written are still there
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "checkpoints/" in err[0] and "no earlier checkpoint" in err[0], err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # .hydra/ included
+
+
+@pytest.mark.slow(seconds=60)
+def test_a_damaged_checkpoint_falls_back_to_the_one_before(small_mock, chain, tmp_path, caplog):
+    """The newest checkpoint (after chunk 2) truncated: the run says so, resumes from
+    checkpoint 1, and samples chunk 2 again exactly as the chain did."""
+    run = tmp_path / "copy"
+    shutil.copytree(chain, run)
+    _truncate_state(run / "checkpoints" / "2")
+    with caplog.at_level("WARNING"):
+        assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.num_samples=10"]) == 0
+    assert any("checkpoints/2 is" in r.message and "falling back to checkpoint 1" in r.message
+               for r in caplog.records), [r.message for r in caplog.records]
+    a, b = read_chunks(chain, [2]), read_chunks(run, [2])
+    for name in a["draws"]:
+        np.testing.assert_array_equal(a["draws"][name], b["draws"][name], err_msg=name)
+    assert complete_chunks(run) == [0, 1, 2, 3]
 
 
 @pytest.mark.slow(seconds=70)
