@@ -30,7 +30,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from fli.cli.rundir import Before, agree, drop_keys, quote, undo
+from fli.cli.rundir import Before, agree, check_writable, drop_keys, fs_fault, quote, undo
 from fli.config import Config, ConfigError, register_configs
 
 Body = Callable[[Config, dict, Path, logging.Logger], None]
@@ -130,7 +130,40 @@ def _one_line(e: BaseException) -> str:
     head = keep[0] if keep else type(e).__name__
     if head.startswith("Ambiguous value"):
         head += " (a list: key=[a,b]; a string: key='a,b'; a sweep: add -m)"
-    return f"{full_key}: {head}" if full_key and full_key not in head else head
+    line = f"{full_key}: {head}" if full_key and full_key not in head else head
+    return line + _suggestion(head, full_key)
+
+
+def _suggestion(head: str, full_key: str) -> str:
+    """What the user may have meant: the close matches of a mistyped key among its section's
+    keys, or the options of a config group that has no such option."""
+    import difflib  # noqa: PLC0415
+    import re  # noqa: PLC0415
+
+    m = re.match(r"Key '([^']+)' not in '(\w+)'", head)
+    if m:
+        import dataclasses  # noqa: PLC0415
+
+        from fli import config as schema  # noqa: PLC0415
+
+        cls = getattr(schema, m.group(2), None)
+        if cls is None or not dataclasses.is_dataclass(cls):
+            return ""
+        fields = [f.name for f in dataclasses.fields(cls)]
+        prefix = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""
+        close = difflib.get_close_matches(m.group(1), fields, n=3, cutoff=0.6)
+        if close:
+            return f"; did you mean {' or '.join(prefix + c for c in close)}?"
+        return f"; the keys of {prefix.rstrip('.') or 'the config'} are: {', '.join(fields)}"
+    m = re.search(r"Could not find '([\w/]+)/([^'/]+)'", head)
+    if m:
+        group = conf_dir() / m.group(1)
+        options = sorted(p.stem for p in group.glob("*.yaml")) if group.is_dir() else []
+        if options:
+            close = difflib.get_close_matches(m.group(2), options, n=1, cutoff=0.6)
+            hint = f"did you mean {m.group(1)}={close[0]}? " if close else ""
+            return f": {hint}the {m.group(1)} options are {', '.join(options)}"
+    return ""
 
 
 def setup_logging() -> logging.Logger:
@@ -224,13 +257,17 @@ def _job(command: str, body: Body, run_dir: str | None, in_process: bool, task_c
         log.info("%s: %d process(es), %d device(s) (%s), run directory %s", prog, jax.process_count(),
                  jax.device_count(), jax.devices()[0].platform, out)
         body(cfg, resolved, out, log)
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, FileNotFoundError, OSError) as e:
+        fault = not isinstance(e, (ConfigError, FileNotFoundError))
+        msg = fs_fault(e, out) if fault else str(e)
+        if msg is None:
+            raise
         if not in_process:  # the submitter prints it too; this goes to the job's own log
-            print(f"{prog}: error: {e}", file=sys.stderr)
+            print(f"{prog}: error: {msg}", file=sys.stderr)
         if before is not None:
-            undo(out, before, hc.output_subdir, _process_index() == 0)
-        return 2, str(e)
-    return 0, None
+            undo(out, before, hc.output_subdir, _process_index() == 0, fs_fault=fault)
+        return 2, msg, fault
+    return 0, None, False
 
 
 def _launch(command: str, overrides: list[str], task: Callable, multirun: bool):
@@ -329,6 +366,12 @@ def main_wrapper(command: str, body: Body, argv: list[str] | None = None) -> int
     except (ConfigError, FileNotFoundError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a file-system fault outside the body (Hydra writing .hydra/, a full disk)
+        msg = fs_fault(e, None)
+        if msg is None:
+            raise
+        print(f"{prog}: error: {msg}", file=sys.stderr)
+        return 2
 
 
 def _single(command: str, body: Body, args: _Args) -> int:
@@ -343,6 +386,7 @@ def _single(command: str, body: Body, args: _Args) -> int:
     _setup_process(cfg)
     _check_devices(cfg)
     chosen = resolved["run_dir"] if resolved.get("run_dir") else str(hnode.run.dir)
+    check_writable(Path(chosen), "run_dir" if resolved.get("run_dir") else "hydra.run.dir")
     if resolved.get("run_dir") and any(o.split("=", 1)[0] == "hydra.run.dir" for o in args.overrides):
         log.info("run_dir=%s wins over hydra.run.dir=%s", resolved["run_dir"], hnode.run.dir)
     # process 0 decides the directory (each process's ${now:} is its own clock) and what was there
@@ -357,10 +401,10 @@ def _single(command: str, body: Body, args: _Args) -> int:
     if not rank0:
         overrides.append("hydra.output_subdir=null")  # process 0 writes .hydra/
     task = functools.partial(_job, command, body, run_dir, True)
-    code, err = _launch(command, overrides, task, multirun=False).return_value
+    code, err, fault = _launch(command, overrides, task, multirun=False).return_value
     if code:
         print(f"fli-{command}: error: {err}", file=sys.stderr)
-        undo(Path(run_dir), before, hnode.output_subdir, rank0)
+        undo(Path(run_dir), before, hnode.output_subdir, rank0, fs_fault=fault)
     return code
 
 
@@ -405,6 +449,7 @@ def _sweep(command: str, body: Body, overrides: list[str]) -> int:
             sweep_dir = str(hnode.sweep.dir)
         except _hydra_errors() as e:
             raise ConfigError(_one_line(e)) from None
+        check_writable(Path(sweep_dir), "hydra.sweep.dir")
         # every job validated before anything is written; another sweeper proposes its jobs as
         # it goes, so only what does not sweep can be checked here (each job checks itself)
         jobs = _sweep_jobs(hnode, overrides) if basic else [non_sweep]
@@ -439,7 +484,7 @@ def _sweep(command: str, body: Body, overrides: list[str]) -> int:
     returns = [r for batch in results for r in batch]
     failed = 0
     for i, r in enumerate(returns):
-        code, err = r.return_value
+        code, err, _ = r.return_value
         if code:
             failed += 1
             print(f"{prog}: error: job #{i} ({r.hydra_cfg.hydra.runtime.output_dir}): {err}", file=sys.stderr)

@@ -7,9 +7,12 @@ what Hydra wrote, from what :class:`Before` recorded, and keeps whatever the bod
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,10 +62,16 @@ class Before:
         return cls(True, files, new_parents)
 
 
-def undo(path: Path, before: Before, subdir: str | None, rank0: bool) -> None:
+def undo(path: Path, before: Before, subdir: str | None, rank0: bool, fs_fault: bool = False) -> None:
     """Take back what Hydra wrote for a run its body refused: its ``.hydra/`` (restored where it
     was there before), and the directory and its parents where this run made them and they are
-    empty. What the body itself wrote stays."""
+    empty. What the body itself wrote stays, except after a file-system fault (a full disk) in
+    a directory this run made: then its partial outputs go too, unless it holds a complete
+    checkpoint to resume from."""
+    if fs_fault and rank0 and not before.existed and path.is_dir() and not _has_checkpoint(path):
+        for p in path.iterdir():
+            if p.name != subdir:
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     hydra_dir = path / subdir if subdir is not None else None
     if hydra_dir is not None and rank0:
         others = [p for p in path.iterdir() if p.name != subdir] if path.is_dir() else []
@@ -85,12 +94,49 @@ def undo(path: Path, before: Before, subdir: str | None, rank0: bool) -> None:
                 break
 
 
+def _has_checkpoint(run: Path) -> bool:
+    """Whether ``run`` holds a committed checkpoint (``checkpoints/<step>/commit_success.txt``)."""
+    return any(run.glob("checkpoints/[0-9]*/commit_success.txt"))
+
+
 def _rmdir(p: Path) -> bool:
     try:
         p.rmdir()  # only if empty
         return True
     except OSError:
         return not p.exists()
+
+
+# file-system faults a user can fix: reported in one line (exit 2), never as a traceback
+FS_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR,
+             errno.EEXIST)
+
+
+def fs_fault(e: OSError, run_dir: Path | None) -> str | None:
+    """One line for a file-system fault the user can fix (a full disk, no permission, a path
+    under a file), naming the file or else the run directory; None for any other OSError."""
+    if not isinstance(e, OSError) or e.errno not in FS_ERRNOS or isinstance(e, FileNotFoundError):
+        return None
+    where = f" {e.filename}" if e.filename else f" in {run_dir}" if run_dir is not None else ""
+    return f"cannot write{where}: {e.strerror or e}"
+
+
+def check_writable(path: Path, key: str = "run_dir") -> None:
+    """Refuse, in one line, a run directory that cannot be made: a path under a regular file,
+    or a place where nothing can be written (permissions, an immutable or read-only parent).
+    Writes (and removes) an empty temporary directory in the nearest existing ancestor."""
+    p = Path(path).absolute()
+    anc = p
+    while not anc.exists() and not anc.is_symlink():
+        anc = anc.parent
+    if not anc.is_dir():
+        raise ConfigError(f"{key}={path}: {anc} is a file, not a directory: choose another {key}")
+    try:
+        probe = tempfile.mkdtemp(prefix=".fli-write-test-", dir=anc)
+        os.rmdir(probe)
+    except OSError as e:
+        raise ConfigError(f"{key}={path}: nothing can be written in {anc} ({e.strerror or e}): choose another "
+                          f"{key} or fix its permissions") from None
 
 
 def quote(path: str) -> str:
