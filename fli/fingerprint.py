@@ -30,8 +30,9 @@ import numpy as np
 
 CHUNKS_ATTR = "fli_chunk_sha256"
 GROUP_ATTR = "fli_fingerprint"
+ARRAYS_ATTR = "fli_array_sha256"  # on the group: each array's own hash, to name what changed
 # group attributes that record provenance, not data: left out of the group's fingerprint
-PROVENANCE = ("config", GROUP_ATTR)
+PROVENANCE = ("config", GROUP_ATTR, ARRAYS_ATTR)
 
 
 class DamagedData(FileNotFoundError):
@@ -62,16 +63,24 @@ def _hashes_of(zarr_array) -> dict[str, str]:
                                                                                  zarr_array.chunks)}
 
 
+def array_fingerprint(z) -> str | None:
+    """An array's hash from its shape, dtype and recorded chunk hashes (None without them)."""
+    hashes = dict(z.attrs).get(CHUNKS_ATTR)
+    if not isinstance(hashes, Mapping):
+        return None
+    return hashlib.sha256(json.dumps([list(z.shape), str(np.dtype(z.dtype)), sorted(hashes.items())]).encode()
+                          ).hexdigest()
+
+
 def group_fingerprint(arrays: Mapping[str, Any], attrs: Mapping[str, Any]) -> str | None:
     """The group's fingerprint from its arrays' recorded chunk hashes and its attributes;
     None when an array has no recorded hashes (written before fingerprints)."""
     h = hashlib.sha256()
     for name in sorted(arrays):
-        z = arrays[name]
-        hashes = dict(z.attrs).get(CHUNKS_ATTR)
-        if not isinstance(hashes, Mapping):
+        fp = array_fingerprint(arrays[name])
+        if fp is None:
             return None
-        h.update(json.dumps([name, list(z.shape), str(np.dtype(z.dtype)), sorted(hashes.items())]).encode())
+        h.update(json.dumps([name, fp]).encode())
     data_attrs = {k: v for k, v in attrs.items() if k not in PROVENANCE}
     h.update(json.dumps(data_attrs, sort_keys=True, default=str).encode())
     return h.hexdigest()
@@ -85,7 +94,7 @@ def record(root) -> str:
     for z in arrays.values():
         z.attrs.update({CHUNKS_ATTR: _hashes_of(z)})
     fp = group_fingerprint(arrays, dict(root.attrs))
-    root.attrs.update({GROUP_ATTR: fp})
+    root.attrs.update({GROUP_ATTR: fp, ARRAYS_ATTR: {n: array_fingerprint(z) for n, z in arrays.items()}})
     return fp
 
 
@@ -96,19 +105,25 @@ def recorded_fingerprint(path) -> str | None:
     return dict(zarr.open_group(str(path), mode="r").attrs).get(GROUP_ATTR)
 
 
-def check_group(root, where: str) -> str | None:
-    """The group's recorded fingerprint, after checking it against its arrays' recorded chunk
-    hashes and its attributes (no data read); None for a group without one."""
-    attrs = dict(root.attrs)
+def check_group(arrays: Mapping[str, Any], attrs: Mapping[str, Any], where: str) -> str | None:
+    """A group's recorded fingerprint, after checking it against its arrays' (``{name: zarr
+    array}``) recorded chunk hashes and its attributes (no data read); None for a group
+    without one."""
     saved = attrs.get(GROUP_ATTR)
     if saved is None:
         return None
-    arrays = {name: root[name] for name in root.array_keys()}
     now = group_fingerprint(arrays, attrs)
     if now != saved:
-        raise DamagedData(f"{where}: its arrays or attributes no longer match the fingerprint recorded when it was "
-                          f"written ({_short(saved)}; now {_short(now)}): it was changed or damaged after writing; "
-                          f"write it again")
+        was = attrs.get(ARRAYS_ATTR) or {}
+        missing = sorted(set(was) - set(arrays))
+        added = sorted(set(arrays) - set(was))
+        changed = sorted(n for n in set(was) & set(arrays) if was[n] != array_fingerprint(arrays[n]))
+        what = ("; ".join(f"{label} {names}" for label, names in (("array(s) missing:", missing),
+                                                                 ("array(s) added:", added),
+                                                                 ("array(s) replaced:", changed)) if names)
+                or "its attributes changed")
+        raise DamagedData(f"{where}: it no longer matches the fingerprint recorded when it was written "
+                          f"({_short(saved)}; now {_short(now)}): {what}; write it again")
     return saved
 
 

@@ -38,7 +38,7 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Bool, Float
 
 from fli.files import barrier, jsonable, write_json
-from fli.fingerprint import DamagedData, check_group, read_verified, record
+from fli.fingerprint import check_group, read_verified, record
 from fli.survey import N_Z, NzBin, table_bin
 
 # Version 1 gained nz_z, nz, fov_deg and npix without being bumped: the change only adds
@@ -353,11 +353,9 @@ def _load(path: str | Path, mesh: Mesh | None, what: str) -> Observation:
             attrs = dict(root.attrs)
             names = set(root.array_keys())
             arrays = {n: root[n] for n in names}
-            fingerprint = check_group(root, f"{what} at {group}")
-    except DamagedData:
-        raise
     except Exception as e:  # noqa: BLE001 - any storage error is an unreadable group
         raise MockError(f"{what} at {group} is unreadable: {type(e).__name__}: {_one_line(e)}") from None
+    fingerprint = check_group(arrays, attrs, f"{what} at {group}")
 
     def where(name: str) -> str:
         return f"{what} at {group}: {name}"

@@ -10,6 +10,7 @@ import pytest
 
 from fli.cli.common import compose
 from fli.cli.mock import main
+from fli.fingerprint import DamagedData
 from fli.io import COMPLETE, MockError, load_mock, write_arrays
 from fli.mock import add_shape_noise, make_mock
 from fli.sharding import make_mesh, process_allgather
@@ -119,7 +120,7 @@ def test_incomplete_or_broken_mocks_do_not_load(mock_dir, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(mock_dir, broken)
     shutil.rmtree(broken / "mock.zarr" / "kappa_true")
-    with pytest.raises(MockError, match="kappa_true"):
+    with pytest.raises(DamagedData, match=r"array\(s\) missing: \['kappa_true'\]"):  # its fingerprint tells
         load_mock(broken)
     # mismatched shapes
     bad = tmp_path / "bad" / "mock.zarr"

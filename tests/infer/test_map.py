@@ -79,13 +79,19 @@ def test_bad_observations_are_refused(small_mock, tmp_path, capsys):
     shutil.copytree(small_mock / "mock.zarr", d / "mock.zarr")
     (d / "mock.zarr" / "COMPLETE").unlink()
     cases.append((d, "incomplete"))
+    from fli.fingerprint import record
+
     for name, value, match in (("kappa_obs", np.nan, "non-finite"), ("noise_sigma", 0.0, "noise_sigma")):
-        d = tmp_path / name
-        shutil.copytree(small_mock / "mock.zarr", d / "mock.zarr")
-        z = zarr.open_group(str(d / "mock.zarr"), mode="r+")[name]
-        idx = (0, 0, 0) if name == "kappa_obs" else (0,)
-        z[idx] = value
-        cases.append((d, match))
+        for recorded in (True, False):
+            d = tmp_path / f"{name}_{recorded}"
+            shutil.copytree(small_mock / "mock.zarr", d / "mock.zarr")
+            g = zarr.open_group(str(d / "mock.zarr"), mode="r+")
+            g[name][(0, 0, 0) if name == "kappa_obs" else (0,)] = value
+            if recorded:  # written so by its maker: the values themselves are refused
+                record(g)
+                cases.append((d, match))
+            else:  # changed after writing: the fingerprint tells first
+                cases.append((d, f"{name}: chunk 0"))
     for obs, match in cases:
         run = tmp_path / f"run_{obs.name}"
         assert map_main([*SMALL, f"mock={obs}", f"run_dir={run}"]) == 2
