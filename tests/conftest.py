@@ -27,6 +27,19 @@ def n_devices() -> int:
     return jax.device_count()
 
 
+@pytest.fixture(scope="session")
+def small_mock(tmp_path_factory):
+    """fli-mock of the SMALL posterior's config (seed 0), through the command's entry point: read
+    by the fli-mock tests and by fli-map, fli-nuts (one and several processes) and fli-diagnose
+    tests. No test modifies it; one that damages a mock works on a copy."""
+    from fli.cli.mock import main as mock_main
+    from tests.helpers.posterior import SMALL
+
+    run = tmp_path_factory.mktemp("mock") / "run"
+    assert mock_main([*SMALL, f"run_dir={run}"]) == 0
+    return run
+
+
 # --------------------------------------------------------------------------- the time budget
 # CI (.ci/run) runs the default set, then the slow set, on 2 cores: 7 and 40 minutes in all
 # (README, "Testing"). Every slow test states its measured cost in its mark,

@@ -15,17 +15,17 @@ from fli.io import COMPLETE, MockError, load_mock, write_arrays
 from fli.mock import add_shape_noise, make_mock
 from fli.sharding import make_mesh, process_allgather
 from tests.helpers.physics import ccl_cosmology
+from tests.helpers.posterior import SMALL
 from tests.helpers.processes import ROOT, free_port, launch
 
 TINY = ["experiment=tiny"]
 
 
 @pytest.fixture(scope="module")
-def mock_dir(tmp_path_factory):
-    """One default-layout (1 device) tiny mock made through the console-script entry point."""
-    run = tmp_path_factory.mktemp("mock") / "run"
-    assert main([*TINY, f"run_dir={run}"]) == 0
-    return run
+def mock_dir(small_mock):
+    """The session's small mock (tests/conftest.py): made on the default layout (1 device)
+    through the command's entry point."""
+    return small_mock
 
 
 def test_cli_writes_a_complete_mock_with_figures(mock_dir):
@@ -33,7 +33,7 @@ def test_cli_writes_a_complete_mock_with_figures(mock_dir):
         assert (mock_dir / name).is_file(), name
     assert (mock_dir / "mock.zarr" / COMPLETE).is_file()
     m = load_mock(mock_dir)
-    cfg, _ = compose(TINY)
+    cfg, _ = compose(SMALL)
     nb, npix = len(cfg.survey.bins), cfg.lensing.npix
     assert m.kappa_obs.shape == m.kappa_true.shape == (nb, npix, npix)
     assert m.white_noise.shape == tuple(cfg.simulation.mesh)
@@ -43,7 +43,7 @@ def test_cli_writes_a_complete_mock_with_figures(mock_dir):
     a_pix = (cfg.lensing.fov_deg * 60 / npix) ** 2
     np.testing.assert_allclose(m.noise_sigma, cfg.survey.sigma_e / np.sqrt(10.0 * a_pix), rtol=1e-12)
     resid = (m.kappa_obs - m.kappa_true) / m.noise_sigma[:, None, None]
-    # 2 x 256 unit Gaussians: std within 5 sigma of its sampling error (1/sqrt(2 * 512))
+    # 2 x 64 unit Gaussians: std within 5 sigma of its sampling error (1/sqrt(2 * 512))
     assert abs(resid.std() - 1) < 5 / np.sqrt(2 * resid.size)
     # ... and it is add_shape_noise of the seed, which scripts use to remake a mock's data
     np.testing.assert_array_equal(np.asarray(add_shape_noise(cfg.seed, m.kappa_true, m.noise_sigma).kappa),
@@ -57,7 +57,7 @@ def test_cli_writes_a_complete_mock_with_figures(mock_dir):
 def test_mock_is_the_same_on_every_layout_and_reads_back_anywhere(mock_dir):
     ref = load_mock(mock_dir)
     for pdims in ([2, 2], [2, 4]):  # 4 and 8 devices
-        cfg, _ = compose([*TINY, f"distributed.pdims=[{pdims[0]},{pdims[1]}]"])
+        cfg, _ = compose([*SMALL, f"distributed.pdims=[{pdims[0]},{pdims[1]}]"])
         m = make_mock(cfg)
         np.testing.assert_array_equal(process_allgather(m["white_noise"]), ref.white_noise)  # bitwise
         kt = process_allgather(m["kappa_true"])
@@ -76,7 +76,7 @@ def test_mock_is_the_same_on_every_layout_and_reads_back_anywhere(mock_dir):
 @pytest.mark.slow(seconds=45)
 def test_two_process_mock_equals_single_process(mock_dir, tmp_path):
     run, port = tmp_path / "mp", free_port()
-    argv = [sys.executable, "-m", "fli.cli.mock", *TINY, f"run_dir={run}", "distributed.pdims=[2,2]",
+    argv = [sys.executable, "-m", "fli.cli.mock", *SMALL, f"run_dir={run}", "distributed.pdims=[2,2]",
             f"distributed.coordinator=127.0.0.1:{port}", "distributed.num_processes=2",
             "distributed.local_device_count=2"]
     res = launch(lambda i: [*argv, f"distributed.process_id={i}"])
@@ -104,7 +104,7 @@ def test_bad_lensing_config_fails_before_writing(override, needle, tmp_path, cap
 
 
 def test_refuses_to_overwrite_a_mock(mock_dir, capsys):
-    assert main([*TINY, f"run_dir={mock_dir}"]) == 2
+    assert main([*SMALL, f"run_dir={mock_dir}"]) == 2
     assert "already holds a mock" in capsys.readouterr().err
 
 
@@ -202,7 +202,7 @@ def test_mpirun_launch_autodetects_and_matches(mock_dir, tmp_path):
     """`mpirun -n 2 fli-mock ...` with no coordinator: jax.distributed finds Open MPI's variables,
     and without run_dir both processes agree on one timestamped run directory."""
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, "-m", "fli.cli.mock",
-           *TINY, "distributed.pdims=[2,2]", "distributed.local_device_count=2"]
+           *SMALL, "distributed.pdims=[2,2]", "distributed.local_device_count=2"]
     rc, out = launch(lambda i: cmd, n=1, cwd=tmp_path)[0]
     assert rc == 0, out[-3000:]
     runs = list((tmp_path / "outputs" / "mock").iterdir())

@@ -1,21 +1,10 @@
-"""Runs that several inference test modules read and none modifies, made once per session: the
-small mock (fli-mock of ``SMALL``) and a short fli-nuts chain of it (``CHAIN``). A test that
-resumes or damages a run works on a copy."""
+"""Runs that several inference test modules read and none modifies, made once per session: a
+short fli-nuts chain (``CHAIN``) of the small mock (tests/conftest.py). A test that resumes or
+damages a run works on a copy."""
 
 import pytest
 
 from tests.helpers.posterior import CHAIN, SMALL
-
-
-@pytest.fixture(scope="session")
-def small_mock(tmp_path_factory):
-    """fli-mock of the SMALL posterior's config (seed 0): read by fli-map, fli-nuts (one and
-    several processes) and fli-diagnose tests."""
-    from fli.cli.mock import main as mock_main
-
-    run = tmp_path_factory.mktemp("mock") / "run"
-    assert mock_main([*SMALL, f"run_dir={run}"]) == 0
-    return run
 
 
 @pytest.fixture(scope="session")
