@@ -376,8 +376,9 @@ def to_config(cfg: DictConfig | dict) -> Config:
     """
     from omegaconf.errors import OmegaConfBaseException  # noqa: PLC0415
 
-    if isinstance(cfg, dict):
-        cfg = OmegaConf.create(cfg)
+    # a plain container: merged into the schema, a key the schema lacks is refused (a composed
+    # DictConfig that carries the schema's type would let a Hydra "+key=value" through)
+    cfg = OmegaConf.create(cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=False))
     try:
         schema = OmegaConf.structured(Config)
         merged = OmegaConf.merge(schema, cfg)

@@ -103,12 +103,12 @@ def main() -> int:
     w.mkdir(parents=True, exist_ok=True)
     mock, mock2, mapr, chain = w / "mock", w / "mock_other", w / "map", w / "chain"
     # the real runs the cases start from (made once, kept across reruns)
-    for path, cmd, args in ((mock, "mock", [*TINY, f"run_dir={mock}"]),
-                            (mock2, "mock", [*TINY, "seed=5", f"run_dir={mock2}"]),
-                            (mapr, "map", [*TINY, f"mock={mock}", "inference.map.steps=5",
-                                           "inference.map.laplace=false", f"run_dir={mapr}"]),
-                            (chain, "nuts", [*TINY, *CHAIN, f"mock={mock}", f"run_dir={chain}"])):
-        if not (path / "fli-run.json").is_file():
+    for path, done, cmd, args in ((mock, "mock.zarr/COMPLETE", "mock", [*TINY, f"run_dir={mock}"]),
+                                  (mock2, "mock.zarr/COMPLETE", "mock", [*TINY, "seed=5", f"run_dir={mock2}"]),
+                                  (mapr, "map.json", "map", [*TINY, f"mock={mock}", "inference.map.steps=5",
+                                                             "inference.map.laplace=false", f"run_dir={mapr}"]),
+                                  (chain, "nuts.json", "nuts", [*TINY, *CHAIN, f"mock={mock}", f"run_dir={chain}"])):
+        if not (path / done).is_file():
             shutil.rmtree(path, ignore_errors=True)
             code, last, _ = run(cmd, args)
             if code:
@@ -131,8 +131,10 @@ def main() -> int:
         ("mock", ["lensing.npix=0"], "lensing.npix = 0"),
         ("mock", ["lensing.fov_deg=-1"], "a negative field of view"),
         ("mock", ["cosmology.Omega_c=-0.1"], "a negative Omega_c"),
-        ("mock", ["distributed.pdims=[3,3]"], "more devices than there are"),
-        ("mock", ["simulation.mesh=[15,16,64]"], "a mesh the device grid cannot split"),
+        ("mock", ["distributed.pdims=[4,4]"], "more devices than there are"),
+        ("mock", ["+seedd=1"], "a new key that is not in the schema"),
+        ("mock", ["simulation.mesh=[15,16,64]", "distributed.pdims=[2,2]", "distributed.local_device_count=4"],
+         "a mesh the device grid cannot split"),
         ("mock", ["seed=abc"], "a seed that is not an integer"),
         ("mock", ["--cfg=bogus"], "an unknown --cfg value"),
         ("mock", ["-x"], "an unknown option"),

@@ -106,7 +106,8 @@ def _compose_one(overrides: list[str], where: str = "") -> tuple[Config, dict, D
         cfg = to_config(task)
         resolved = OmegaConf.to_container(task, resolve=True)
     except ConfigError as e:
-        raise ConfigError(f"{e}{where}") from None
+        key, _, head = str(e).partition(": ")
+        raise ConfigError(f"{e}{_suggestion(head, key)}{where}") from None
     except _hydra_errors() as e:
         raise ConfigError(_one_line(e) + where) from None
     return cfg, resolved, full

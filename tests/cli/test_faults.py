@@ -68,6 +68,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_behind(small_disk, capsys):
     ("simulation.zzz=3", "the keys of simulation are: mesh, box"),
     ("experiment=tinyy", "did you mean experiment=tiny? the experiment options are cube, tiny"),
     ("cosmology=planck", "the cosmology options are low_s8, planck18"),
+    ("+seedd=1", "Key 'seedd' not in 'Config'; did you mean seed or sweep?"),
 ])
 def test_a_mistyped_key_or_option_gets_a_suggestion(tmp_path, capsys, override, hint):
     assert mock_main([override, f"run_dir={tmp_path / 'run'}"]) == 2
