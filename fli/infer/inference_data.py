@@ -34,9 +34,15 @@ def quiet_arviz():
     """Import ArviZ (and use it) without its notices."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ArviZ's refactor notice and its automatic-dims notes
-        for name in ("arviz", "arviz.preview"):  # its import chatter, and "Shape validation failed" for
-            logging.getLogger(name).setLevel(logging.ERROR)  # one chain: its NaN R-hat fails the check
-        import arviz  # noqa: F401, PLC0415
+        # its import chatter, and "Shape validation failed" for one chain (whose NaN R-hat fails
+        # the check anyway); set again after the import, which sets the level of its own logger
+        for name in ("arviz", "arviz.preview"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+        import arviz  # noqa: PLC0415
+
+        for log in (logging.getLogger("arviz"), logging.getLogger("arviz.preview"), getattr(arviz, "_log", None)):
+            if log is not None:  # arviz._log is a Logger made outside logging's registry
+                log.setLevel(logging.ERROR)
         yield
 
 
