@@ -38,7 +38,7 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Bool, Float
 
 from fli.files import barrier, jsonable, write_json
-from fli.fingerprint import check_group, read_verified, record
+from fli.fingerprint import check_group, chunk_hashes, read_verified, record_hashes
 from fli.survey import N_Z, NzBin, table_bin
 
 # Version 1 gained nz_z, nz, fov_deg and npix without being bumped: the change only adds
@@ -85,8 +85,8 @@ def write_arrays(path: Path, arrays: Mapping[str, jax.Array | np.ndarray], attrs
 
     Process 0 creates the group and array metadata; after a barrier every process writes the
     blocks it holds (one replica of each), chunked by the shard shape. Attributes are JSON.
-    Last, process 0 reads the arrays back and records their fingerprint
-    (:func:`fli.fingerprint.record`), which every later read checks.
+    Last, each process hashes the chunks it wrote and process 0 records the fingerprint
+    (:func:`fli.fingerprint.record_hashes`), which every later read checks.
     """
     import zarr  # noqa: PLC0415
 
@@ -101,18 +101,20 @@ def write_arrays(path: Path, arrays: Mapping[str, jax.Array | np.ndarray], attrs
         root.attrs.update(jsonable(dict(attrs)))
     barrier("fli-io-created")
     root = zarr.open_group(str(path), mode="r+")
+    hashes: dict[str, dict[str, str]] = {name: {} for name in arrays}
     for name, arr in arrays.items():
         z = root[name]
         if isinstance(arr, jax.Array):
             for shard in arr.addressable_shards:
                 if shard.replica_id == 0:
-                    z[shard.index] = np.asarray(shard.data)
+                    block = np.asarray(shard.data)
+                    z[shard.index] = block
+                    hashes[name].update(chunk_hashes(block, shard.index, z.shape, z.chunks))
         elif jax.process_index() == 0:
-            z[...] = np.asarray(arr)
-    barrier("fli-io-written")
-    if jax.process_index() == 0:
-        record(zarr.open_group(str(path), mode="r+"))
-    barrier("fli-io-fingerprinted")
+            block = np.asarray(arr)
+            z[...] = block
+            hashes[name].update(chunk_hashes(block, (), z.shape, z.chunks))
+    record_hashes(path, hashes, barrier)
 
 
 def _chunk_shape(arr) -> tuple[int, ...]:
