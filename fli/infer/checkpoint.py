@@ -51,7 +51,7 @@ the same shared directory on every process.
 
 Checksums: every leaf's record carries a checksum of its values taken when it is saved, two
 wrapping uint32 sums over the global array (plain, and weighted by each element's position),
-so they are the same on any device layout; numpy and Python leaves get a SHA-256. A restore
+so they are the same on any device layout and for host copies. A restore
 recomputes them and refuses a checkpoint whose values differ (a truncated, garbled or replaced
 file) with :class:`CheckpointError`, naming it: :func:`restore_checkpoint` decides the same on
 every process, so a caller can fall back to an earlier checkpoint.
@@ -63,7 +63,6 @@ not at import); this module logs what it does through :func:`fli.sharding.get_lo
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import re
@@ -203,7 +202,7 @@ def _leaf_record(path: str, leaf) -> tuple[dict, Any]:
 
 def _bits(x):
     """The values of ``x`` as uint32 words (traceable): 4-byte types bitcast, smaller ones
-    widened, 8-byte ones as two words each."""
+    widened, 8-byte ones as two words each, the low word first (as numpy's little-endian view)."""
     if x.dtype == jnp.bool_:
         return x.astype(jnp.uint32)
     size = jnp.dtype(x.dtype).itemsize
@@ -211,7 +210,8 @@ def _bits(x):
         return jax.lax.bitcast_convert_type(x, jnp.uint32)
     if size < 4:
         return jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16}[size]).astype(jnp.uint32)
-    return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(*x.shape, -1)
+    u = jax.lax.bitcast_convert_type(x, jnp.uint64)  # 8-byte arrays exist only with x64 on
+    return jnp.stack([(u & 0xFFFFFFFF).astype(jnp.uint32), (u >> 32).astype(jnp.uint32)], axis=-1)
 
 
 def _sums(leaves):
@@ -231,18 +231,36 @@ def _sums(leaves):
 _sums_jit = jax.jit(_sums)
 
 
+def _host_sums(a) -> tuple[int, int]:
+    """:func:`_sums` of one host array, in numpy (the same words, weights and wrap-around)."""
+    a = np.ascontiguousarray(np.asarray(a))
+    if a.dtype == np.bool_:
+        w = a.astype(np.uint32)
+    elif a.dtype.itemsize == 4:
+        w = a.view(np.uint32)
+    elif a.dtype.itemsize < 4:
+        w = a.view({1: np.uint8, 2: np.uint16}[a.dtype.itemsize]).astype(np.uint32)
+    else:
+        w = a.view("<u4").reshape(*a.shape, a.dtype.itemsize // 4)
+    w = w.reshape(-1).astype(np.uint64)
+    weights = (np.arange(w.size, dtype=np.uint64) * np.uint64(2654435761) + np.uint64(1)) % np.uint64(2**32)
+    return int(w.sum() % 2**32), int((w * weights % np.uint64(2**32)).sum() % 2**32)
+
+
 def checksums(leaves: list) -> list[str]:
-    """A checksum of each leaf's values (a PRNG key's data), the same on any device layout:
-    ``"u32:<sum>:<weighted sum>"`` for jax arrays (computed where they live; every process gets
-    the same), ``"sha256:<hex>"`` for numpy arrays and Python scalars."""
+    """A checksum of each leaf's values (a PRNG key's data): ``"u32:<sum>:<weighted sum>"``,
+    two wrapping uint32 sums of its words, plain and weighted by position. The same whatever
+    the leaf's placement: a global array is summed where it lives (every process gets the
+    result), a host or process-local one in numpy."""
     out: list[str | None] = [None] * len(leaves)
     dev = []
     for i, leaf in enumerate(leaves):
-        if isinstance(leaf, jax.Array):
-            dev.append((i, jax.random.key_data(leaf) if _is_key(leaf) else leaf))
+        if isinstance(leaf, jax.Array) and _is_key(leaf):
+            leaf = jax.random.key_data(leaf)
+        if isinstance(leaf, jax.Array) and not (jax.process_count() > 1 and leaf.is_fully_addressable):
+            dev.append((i, leaf))
         else:
-            a = np.ascontiguousarray(np.asarray(leaf))
-            out[i] = "sha256:" + hashlib.sha256(f"{a.dtype.str}{list(a.shape)}".encode() + a.tobytes()).hexdigest()
+            out[i] = "u32:{}:{}".format(*_host_sums(leaf))
     if dev:
         from fli.sharding import replicated_to_host  # noqa: PLC0415
 

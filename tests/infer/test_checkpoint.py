@@ -492,3 +492,16 @@ def test_two_process_save_restores_on_other_layouts(tmp_path):
         assert bits(got["field"]) == bits(reference_field()) and got["field"].sharding == field_sharding(mesh)
         assert float(got["scalar"]) == 0.625 and got["count"] == 7 and meta == {"pdims": [2, 2], "pid_saving": 0}
         assert bits(got["key"]) == bits(jax.random.key(5))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.bool_, np.uint8])
+def test_a_checksum_is_the_same_sharded_replicated_and_on_the_host(dtype):
+    """A leaf restored onto another placement (a global array, a process-local one, numpy)
+    must meet the same checksum: the device sums and the host sums agree."""
+    from fli.infer.checkpoint import checksums
+
+    a = (np.random.default_rng(2).standard_normal((8, 8, 4)) * 50).astype(dtype)
+    mesh = make_mesh((2, 2))
+    sharded = jax.device_put(a, field_sharding(mesh))
+    assert len(set(checksums([sharded, jax.device_put(a, replicated(mesh)), a]))) == 1
+    assert checksums([a])[0] != checksums([a[::-1]])[0]  # the order of the values counts
