@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fli.files import is_writer
-from fli.infer.params import with_derived
+from fli.infer.params import reported_names
 from fli.infer.run_store import POSTERIOR_NC, read_chunks
 from fli.sharding import replicated_to_host
 
@@ -94,7 +94,7 @@ def write_inference_data(run_dir: Path, names, obs_summary: dict, attrs: dict) -
         if not c["draws"]:
             return None
         warm = c["draws"]["warmup"].astype(bool)
-        keys = list(with_derived(dict.fromkeys(names)))
+        keys = reported_names(names)
 
         def split(d, which, mask):
             return {k: np.asarray(d[k])[mask][None] for k in which}

@@ -30,11 +30,10 @@ def with_derived(values: dict, cosmology=None) -> dict:
 
     ``values`` maps parameter names to values (floats or arrays); a parameter it lacks is read
     from ``cosmology`` (anything with the parameters as attributes, e.g. the fixed cosmology of
-    a run). Given only names (values None), it returns the names in the order outputs use.
+    a run). With no parameter sampled, ``values`` is empty and every one comes from
+    ``cosmology``.
     """
     out = dict(values)
-    if all(v is None for v in out.values()):
-        return {**out, **dict.fromkeys(DERIVED)}
 
     def get(name):
         return out[name] if name in out else getattr(cosmology, name)
