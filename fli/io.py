@@ -96,8 +96,7 @@ def write_arrays(path: Path, arrays: Mapping[str, jax.Array | np.ndarray], attrs
             shutil.rmtree(path)
         root = zarr.open_group(str(path), mode="w")
         for name, arr in arrays.items():
-            chunks = _chunk_shape(arr)
-            root.create_array(name, shape=arr.shape, chunks=chunks, dtype=np.dtype(arr.dtype))
+            root.create_array(name, shape=arr.shape, chunks=_chunk_shape(arr), dtype=np.dtype(arr.dtype))
         root.attrs.update(jsonable(dict(attrs)))
     barrier("fli-io-created")
     root = zarr.open_group(str(path), mode="r+")
@@ -111,8 +110,7 @@ def write_arrays(path: Path, arrays: Mapping[str, jax.Array | np.ndarray], attrs
                     z[shard.index] = block
                     hashes[name].update(chunk_hashes(block, shard.index, z.shape, z.chunks))
         elif jax.process_index() == 0:
-            block = np.asarray(arr)
-            z[...] = block
+            z[...] = block = np.asarray(arr)
             hashes[name].update(chunk_hashes(block, (), z.shape, z.chunks))
     record_hashes(path, hashes, barrier)
 
