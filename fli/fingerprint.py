@@ -175,7 +175,7 @@ def check_group(arrays: Mapping[str, Any], attrs: Mapping[str, Any], where: str)
                                                                  ("array(s) replaced:", changed)) if names)
                 or "its attributes changed")
         raise DamagedData(f"{where}: it no longer matches the fingerprint recorded when it was written "
-                          f"({_short(saved)}; now {_short(now)}): {what}; write it again")
+                          f"({short(saved)}; now {short(now)}): {what}; write it again")
     return saved
 
 
@@ -218,10 +218,6 @@ def read_verified(zarr_array, idx: tuple[slice, ...] | None = None, where: str =
     return out
 
 
-def _short(fp: str | None) -> str:
-    return "none" if fp is None else fp[:16]
-
-
 def short(fp: str | None) -> str:
     """A fingerprint as shown in messages: its first 16 hex digits."""
-    return _short(fp)
+    return "none" if fp is None else fp[:16]
