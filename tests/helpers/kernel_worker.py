@@ -32,6 +32,8 @@ def main(run_dir: str, mock: str, step: str, n: str, *overrides: str) -> None:
     from fli.infer.start import chain_keys
     from fli.power import default_kedges
 
+    if os.environ.get("FLI_COMPILATION_CACHE"):  # the tests' cache (tests/conftest.py): the run compiled this chunk
+        jax.config.update("jax_compilation_cache_dir", os.environ["FLI_COMPILATION_CACHE"])
     cfg, _ = compose([*overrides, f"mock={mock}", f"run_dir={run_dir}"])
     obs, post, data = prepare(cfg, logging.getLogger("worker"), compare_truth=False)
 
