@@ -28,9 +28,14 @@ def _finite(*vals: float) -> bool:
     return all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals)
 
 
+COSMOLOGY_PARAMETERS = ("Omega_c", "Omega_b", "h", "n_s", "sigma8", "w0", "wa")
+
+
 @dataclass
 class CosmologyConfig:
-    """Flat LambdaCDM (+ w0/wa) parameters; h is H0 / (100 km/s/Mpc)."""
+    """Flat LambdaCDM (+ w0/wa) parameters; h is H0 / (100 km/s/Mpc). ``radiation``: photons
+    at ``T_cmb`` [K] and ``N_eff`` massless neutrino species in the expansion history, as in
+    CCL (false: a radiation-free background, fli's before radiation was added)."""
 
     Omega_c: float = 0.2607
     Omega_b: float = 0.0490
@@ -39,10 +44,20 @@ class CosmologyConfig:
     sigma8: float = 0.8102
     w0: float = -1.0
     wa: float = 0.0
+    radiation: bool = True
+    T_cmb: float = 2.7255
+    N_eff: float = 3.044
+
+    def parameters(self) -> dict[str, float]:
+        """The seven cosmological parameters (a mock's truth), without the radiation switches."""
+        return {k: float(getattr(self, k)) for k in COSMOLOGY_PARAMETERS}
 
     def __post_init__(self) -> None:
-        for k in ("Omega_c", "Omega_b", "h", "n_s", "sigma8", "w0", "wa"):
+        for k in (*COSMOLOGY_PARAMETERS, "T_cmb", "N_eff"):
             _check(_finite(getattr(self, k)), f"cosmology.{k}", "a finite number", getattr(self, k))
+        _check(isinstance(self.radiation, bool), "cosmology.radiation", "true or false", self.radiation)
+        _check(0 < self.T_cmb < 10, "cosmology.T_cmb", "in (0, 10) K", self.T_cmb)
+        _check(0 <= self.N_eff < 10, "cosmology.N_eff", "in [0, 10)", self.N_eff)
         _check(0 < self.Omega_c < 1, "cosmology.Omega_c", "in (0, 1)", self.Omega_c)
         _check(0 <= self.Omega_b < 1, "cosmology.Omega_b", "in [0, 1)", self.Omega_b)
         _check(self.Omega_c + self.Omega_b < 1, "cosmology.Omega_c + Omega_b", "< 1", self.Omega_c + self.Omega_b)

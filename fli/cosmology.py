@@ -7,10 +7,11 @@ Units and conventions
 ---------------------
 * Scale factor ``a`` (dimensionless, ``a = 1`` today); ``y = ln a`` internally.
 * Distances in Mpc/h; wavenumbers ``k`` in h/Mpc; power spectra in (Mpc/h)^3.
-* The universe is flat and contains only matter (CDM + baryons, no massive neutrinos) and
-  dark energy with ``w(a) = w0 + wa (1 - a)``; radiation is neglected in the expansion
-  history (``Omega_de = 1 - Omega_m``).  The CMB temperature enters only the
-  Eisenstein & Hu transfer-function fit.
+* The universe is flat and contains matter (CDM + baryons, no massive neutrinos), radiation
+  (photons at ``T_cmb`` and ``N_eff`` massless neutrino species, as CCL counts them) and
+  dark energy with ``w(a) = w0 + wa (1 - a)``: ``Omega_de = 1 - Omega_m - Omega_r``.
+  ``radiation=False`` leaves radiation out of the expansion history (``Omega_r = 0``);
+  ``T_cmb`` still enters the Eisenstein & Hu transfer-function fit.
 * Growth: ``D1`` is the linear growing mode normalised to ``D1(a=1) = 1``.  ``D2`` is the
   second-order (2LPT) growth factor with the sign convention ``D2 -> -(3/7) D1^2`` at early
   times, so that the 2LPT displacement is ``Psi = -D1 grad(phi1) + D2 grad(phi2)`` where
@@ -20,14 +21,18 @@ Units and conventions
 
 Numerics
 --------
-The growth ODEs are solved by fixed-step RK4 (a ``lax.scan``) on a uniform grid of 264
-steps in ``ln a`` from ``a = 1e-3`` (matter domination: initial conditions ``D1 = a``,
-``D2 = -(3/7) a^2``) to ``a_max ~ 1.24``; the comoving distance is integrated on the same
-grid by Simpson's rule, summed outwards from ``a = 1``.  Values between nodes come from cubic
-Hermite interpolation using the exact ln a derivatives at the nodes (error ~1e-7).  Below
-``a = 1e-3`` the matter-dominated power laws / closed forms are used; above ``a_max`` values
-are clamped to the last node.
-Each function solves the ODE afresh (264 sequential RK4 steps) unless given
+The growth ODEs are solved by fixed-step RK4 (a ``lax.scan``) on a uniform grid of 440
+steps in ``ln a`` from ``a = 1e-5`` to ``a_max ~ 1.24``.  The initial conditions are the
+growing mode of a matter + radiation universe (Meszaros): ``D1 = a + (2/3) a_eq`` with
+``a_eq = Omega_r / Omega_m``, exact there, and for ``D2`` the series of the second-order
+solution that vanishes as ``a -> 0`` (:func:`_d2_start`).  Dark energy is negligible at
+``a = 1e-5``.  Without radiation they are the matter-era ``D1 = a``, ``D2 = -(3/7) a^2``.  The comoving
+distance is integrated on the same grid by Simpson's rule, summed outwards from ``a = 1``.
+Values between nodes come from cubic Hermite interpolation using the exact ln a derivatives
+at the nodes (error ~1e-7).  Below ``a = 1e-5`` the matter + radiation closed forms (D1,
+distances) or matter-era power laws (the rest) are used; above ``a_max`` values are clamped
+to the last node.
+Each function solves the ODE afresh (440 sequential RK4 steps) unless given
 ``table=growth_table(cosmo)``; inside one jitted computation that needs several growth
 quantities, build the table once and pass it.  Pass arrays of ``a`` rather than looping.
 The computation dtype follows the dtype of the parameters and inputs (float32 or float64).
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import field
 from typing import NamedTuple
 
 import jax
@@ -44,11 +50,19 @@ import jax.numpy as jnp
 import numpy as np
 
 C_OVER_H0 = 2997.92458  # c / H0 in Mpc/h (c = 299792.458 km/s, H0 = 100 h km/s/Mpc)
-T_CMB = 2.7255  # K, only used by the Eisenstein & Hu fit
+T_CMB = 2.7255  # K (Fixsen 2009), CCL's default
+N_EFF = 3.044  # effective number of massless neutrino species, CCL's default
+# Photon density today times h^2 at T_CMB: 4 sigma_SB T^4 / c^3 over rho_crit / h^2 =
+# 3 (100 km/s/Mpc)^2 / (8 pi G), with CODATA 2018 sigma_SB, G and c and CCL's Mpc in metres
+_SIGMA_SB, _C_SI, _G_SI, _MPC_M = 5.670374419e-8, 299792458.0, 6.67430e-11, 3.085677581491367e22
+_RHO_CRIT_H2 = 3.0 * (1e5 / _MPC_M) ** 2 / (8.0 * math.pi * _G_SI)  # kg / m^3
+OMEGA_G_H2 = 4.0 * _SIGMA_SB * T_CMB ** 4 / _C_SI ** 3 / _RHO_CRIT_H2  # 2.4729e-5
+# each massless neutrino species: 7/8 (4/11)^(4/3) of the photons' density
+_NU_PER_SPECIES = 7.0 / 8.0 * (4.0 / 11.0) ** (4.0 / 3.0)
 
-_A_MIN = 1e-3  # start of the growth/distance table (deep in matter domination)
-_N_TO_ONE = 256  # RK4 steps from ln(_A_MIN) to ln(1) = 0 (a = 1 is a grid node)
-_N_EXTRA = 8  # extra steps beyond a = 1 (up to a_max = exp(8 * 6.9078 / 256) ~ 1.24)
+_A_MIN = 1e-5  # start of the growth/distance table (radiation era: a_eq ~ 3e-4)
+_N_TO_ONE = 432  # RK4 steps from ln(_A_MIN) to ln(1) = 0 (a = 1 is a grid node)
+_N_EXTRA = 8  # extra steps beyond a = 1 (up to a_max = exp(8 * 11.513 / 432) ~ 1.24)
 _DY = -math.log(_A_MIN) / _N_TO_ONE
 
 _LNK_MIN, _LNK_MAX, _N_K = math.log(1e-5), math.log(1e2), 2049  # sigma_R quadrature [h/Mpc]
@@ -66,6 +80,10 @@ class Cosmology:
         n_s: scalar spectral index of the primordial power spectrum.
         sigma8: rms linear density contrast in top-hat spheres of 8 Mpc/h at a = 1.
         w0, wa: dark-energy equation of state w(a) = w0 + wa (1 - a).
+        radiation: photons and massless neutrinos in the expansion history (static, not a
+            leaf). False reproduces a radiation-free background (``Omega_r = 0``).
+        T_cmb: CMB temperature today [K] (static): the photon density and the EH fit.
+        N_eff: effective number of massless neutrino species (static).
     """
 
     Omega_c: float
@@ -75,6 +93,9 @@ class Cosmology:
     sigma8: float
     w0: float = -1.0
     wa: float = 0.0
+    radiation: bool = field(default=True, metadata={"static": True})
+    T_cmb: float = field(default=T_CMB, metadata={"static": True})
+    N_eff: float = field(default=N_EFF, metadata={"static": True})
 
     @property
     def Omega_m(self):
@@ -82,9 +103,18 @@ class Cosmology:
         return self.Omega_c + self.Omega_b
 
     @property
+    def Omega_r(self):
+        """Radiation density today: photons at T_cmb and N_eff massless neutrino species
+        (0 with ``radiation=False``); ~9.1e-5 for Planck 2018."""
+        if not self.radiation:
+            return 0.0 * self.h
+        omega = OMEGA_G_H2 * (self.T_cmb / T_CMB) ** 4 * (1.0 + self.N_eff * _NU_PER_SPECIES)
+        return omega / self.h ** 2
+
+    @property
     def Omega_de(self):
-        """Dark-energy density today, 1 - Omega_m (flat, radiation neglected)."""
-        return 1.0 - self.Omega_m
+        """Dark-energy density today, 1 - Omega_m - Omega_r (flat)."""
+        return 1.0 - self.Omega_m - self.Omega_r
 
     def replace(self, **kwargs) -> "Cosmology":
         """A copy with the given fields replaced."""
@@ -106,6 +136,10 @@ class Cosmology:
                 raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
             if not np.all((v > lo) & (v < hi)):
                 raise ValueError(f"{name} must be in ({lo:g}, {hi:g}), got {getattr(self, name)}")
+        if not (math.isfinite(self.T_cmb) and 0.0 < self.T_cmb < 10.0):
+            raise ValueError(f"T_cmb must be in (0, 10) K, got {self.T_cmb}")
+        if not (math.isfinite(self.N_eff) and 0.0 <= self.N_eff < 10.0):
+            raise ValueError(f"N_eff must be in [0, 10), got {self.N_eff}")
         om = np.asarray(self.Omega_c, dtype=float) + np.asarray(self.Omega_b, dtype=float)
         if not np.all(om < 1.0):
             raise ValueError(f"Omega_c + Omega_b must be < 1 (flat, Omega_de > 0), got {om}")
@@ -138,18 +172,25 @@ def _cast(cosmo, *xs):
 
 
 def _E2_dlnE(p: Cosmology, a):
-    """E(a)^2 = (H/H0)^2 and dlnE/dlna for flat w0waCDM (no radiation)."""
+    """E(a)^2 = (H/H0)^2 and dlnE/dlna for flat w0waCDM with radiation."""
     # rho_de(a) / rho_de(1) = a^{-3(1 + w0 + wa)} exp(-3 wa (1 - a))
     rho_de = jnp.exp(-3.0 * (1.0 + p.w0 + p.wa) * jnp.log(a) - 3.0 * p.wa * (1.0 - a))
     w = p.w0 + p.wa * (1.0 - a)
+    r = p.Omega_r * a ** -4
     m = p.Omega_m * a ** -3
     d = p.Omega_de * rho_de
-    e2 = m + d
-    return e2, -1.5 * (m + (1.0 + w) * d) / e2
+    e2 = r + m + d
+    return e2, -(2.0 * r + 1.5 * m + 1.5 * (1.0 + w) * d) / e2
+
+
+def _a_eq(p: Cosmology):
+    """Matter-radiation equality, Omega_r / Omega_m (0 without radiation)."""
+    return p.Omega_r / p.Omega_m
 
 
 def E(cosmo: Cosmology, a):
-    """Dimensionless Hubble rate E(a) = H(a)/H0 = sqrt(Omega_m a^-3 + Omega_de rho_de(a))."""
+    """Dimensionless Hubble rate E(a) = H(a)/H0 =
+    sqrt(Omega_r a^-4 + Omega_m a^-3 + Omega_de rho_de(a))."""
     p, a = _cast(cosmo, a)
     return jnp.sqrt(_E2_dlnE(p, a)[0])
 
@@ -188,12 +229,31 @@ class GrowthTable(NamedTuple):
     chi: jax.Array  # chi / (c/H0) (0 at a = 1) and dchi/dlna / (c/H0) = -1 / (a E)
 
 
+def _d1_start(p: Cosmology, a):
+    """D1 and dD1/dlna of the growing mode of matter + radiation (Meszaros), a + (2/3) a_eq:
+    exact while dark energy is negligible; D1 = a without radiation."""
+    return a + 2.0 / 3.0 * _a_eq(p), a
+
+
+def _d2_start(p: Cosmology, a):
+    """D2 and dD2/dlna at the table's start: the series in y = a / a_eq of the second-order
+    solution of matter + radiation that vanishes as a -> 0 (the primordial field has no
+    second-order part): -(2/3) a_eq a - a^2 / 2 + a^3 / (36 a_eq) + O(y^4), for y < 0.3 (the
+    series converges for y < 1); beyond, and without radiation, the matter era's -(3/7) a^2."""
+    aeq = _a_eq(p)
+    safe = jnp.maximum(aeq, a)  # the series is used only where a < 0.3 a_eq
+    d2 = -2.0 / 3.0 * aeq * a - 0.5 * a ** 2 + a ** 3 / (36.0 * safe)
+    d2p = -2.0 / 3.0 * aeq * a - a ** 2 + a ** 3 / (12.0 * safe)
+    rad = a < 0.3 * aeq
+    return jnp.where(rad, d2, -3.0 / 7.0 * a ** 2), jnp.where(rad, d2p, -6.0 / 7.0 * a ** 2)
+
+
 def _solve(p: Cosmology) -> GrowthTable:
     dt = p.Omega_c.dtype
     dy = jnp.asarray(_DY, dt)
     ys = math.log(_A_MIN) + _DY * jnp.arange(_N_TO_ONE + _N_EXTRA + 1, dtype=dt)
     a0 = jnp.asarray(_A_MIN, dt)
-    s0 = jnp.stack([a0, a0, -3.0 / 7.0 * a0 ** 2, -6.0 / 7.0 * a0 ** 2])
+    s0 = jnp.stack([*_d1_start(p, a0), *_d2_start(p, a0)])
 
     def step(s, y):  # classical RK4 in ln a
         k1 = _rhs(p, y, s)
@@ -232,10 +292,10 @@ def _setup(cosmo, x, table):
 def _hermite(x, xp, fm, uniform=False):
     """Cubic Hermite interpolation at x (clamped to [xp[0], xp[-1]]) of nodes xp (increasing)
     carrying values fm[:, 0] and derivatives fm[:, 1].  ``uniform``: xp is the ln a grid
-    ln(1e-3) + i * _DY, whose exact spacing avoids float32 rounding of node differences."""
+    ln(_A_MIN) + i * _DY, whose exact spacing avoids float32 rounding of node differences."""
     x = jnp.clip(x, xp[0], xp[-1])
-    if uniform:
-        u = (x - math.log(_A_MIN)) / _DY
+    if uniform:  # counted from the node a = 1, so that a = 1 falls on it exactly in float32
+        u = _N_TO_ONE + x / _DY
         i = jnp.clip(jnp.floor(u).astype(jnp.int32), 0, xp.shape[0] - 2)
         h, t = _DY, u - i
     else:
@@ -248,7 +308,8 @@ def _hermite(x, xp, fm, uniform=False):
 
 
 def _interp(tab: GrowthTable, which: str, a, power: float = 0.0):
-    """Interpolate a table column at a; below a = 1e-3 scale as a**power (matter era)."""
+    """Interpolate a table column at a; below the table (a = 1e-5) scale as a**power (the
+    matter era's power laws; fli never asks so early, see :func:`growth_factor` for D1)."""
     y = jnp.log(a)
     val = _hermite(y, tab.lna, getattr(tab, which), uniform=True)
     if power:
@@ -261,40 +322,52 @@ def _interp(tab: GrowthTable, which: str, a, power: float = 0.0):
 
 def comoving_distance(cosmo: Cosmology, a, table: GrowthTable | None = None):
     """Comoving distance chi(a) = (c/H0) int_a^1 da' / (a'^2 E(a')) in Mpc/h (0 at a = 1,
-    negative for a > 1).  Below a = 1e-3 the matter-dominated closed form is used."""
+    negative for a > 1).  Below a = 1e-5 the matter + radiation closed form is used,
+    int da / sqrt(Omega_r + Omega_m a) = (2 / Omega_m) [sqrt(Omega_r + Omega_m a)]."""
     p, a, tab = _setup(cosmo, a, table)
     chi = _interp(tab, "chi", a)
     amin = jnp.asarray(_A_MIN, a.dtype)
-    early = 2.0 / jnp.sqrt(p.Omega_m) * (jnp.sqrt(amin) - jnp.sqrt(jnp.minimum(a, amin)))
+    early = 2.0 / p.Omega_m * (jnp.sqrt(p.Omega_r + p.Omega_m * amin)
+                               - jnp.sqrt(p.Omega_r + p.Omega_m * jnp.minimum(a, amin)))
     return C_OVER_H0 * (chi + early)
 
 
 def a_of_chi(cosmo: Cosmology, chi, table: GrowthTable | None = None):
     """Scale factor at comoving distance chi [Mpc/h]: the inverse of :func:`comoving_distance`,
     by cubic Hermite interpolation of ln a in chi (slope dlna/dchi = -a E H0/c).  Beyond
-    a = 1e-3 the matter-era closed form is inverted; beyond the particle horizon of that
-    radiation-free model it returns 0."""
+    a = 1e-5 the matter + radiation closed form is inverted; beyond the particle horizon
+    it returns 0."""
     p, chi, tab = _setup(cosmo, chi, table)
     xc = tab.chi[::-1, 0] * C_OVER_H0  # increasing
     fm = jnp.stack([tab.lna[::-1], 1.0 / (tab.chi[::-1, 1] * C_OVER_H0)], axis=-1)
     a = jnp.exp(_hermite(chi, xc, fm))
-    # chi = chi(a_min) + 2 (c/H0) (sqrt(a_min) - sqrt(a)) / sqrt(Omega_m) for a < a_min
-    excess = jnp.maximum(chi - xc[-1], 0.0) * jnp.sqrt(p.Omega_m) / (2.0 * C_OVER_H0)
-    return jnp.where(chi > xc[-1], jnp.maximum(math.sqrt(_A_MIN) - excess, 0.0) ** 2, a)
+    # chi = chi(a_min) + 2 (c/H0) (sqrt(Or + Om a_min) - sqrt(Or + Om a)) / Om for a < a_min
+    excess = jnp.maximum(chi - xc[-1], 0.0) * p.Omega_m / (2.0 * C_OVER_H0)
+    root = jnp.maximum(jnp.sqrt(p.Omega_r + p.Omega_m * _A_MIN) - excess, jnp.sqrt(p.Omega_r))
+    return jnp.where(chi > xc[-1], (root ** 2 - p.Omega_r) / p.Omega_m, a)
 
 
 # -------------------------------------------------------------------------- growth
 
 def growth_factor(cosmo: Cosmology, a, table: GrowthTable | None = None):
-    """Linear growth factor D1(a), normalised to D1(1) = 1 (D1 ~ a in matter domination)."""
+    """Linear growth factor D1(a), normalised to D1(1) = 1 (D1 ~ a in matter domination;
+    below the table, the matter + radiation growing mode a + (2/3) a_eq)."""
     p, a, tab = _setup(cosmo, a, table)
-    return _interp(tab, "d1", a, 1.0)
+    return _d1(p, tab, a)
+
+
+def _d1(p: Cosmology, tab: GrowthTable, a):
+    """D1 from the table; below it, scaled as the growing mode a + (2/3) a_eq (exact for
+    matter + radiation)."""
+    val = _interp(tab, "d1", a)
+    aeq, amin = _a_eq(p), jnp.asarray(_A_MIN, a.dtype)
+    return val * jnp.where(a < amin, (a + 2.0 / 3.0 * aeq) / (amin + 2.0 / 3.0 * aeq), 1.0)
 
 
 def growth_rate(cosmo: Cosmology, a, table: GrowthTable | None = None):
     """Linear growth rate f1(a) = dlnD1/dlna."""
     p, a, tab = _setup(cosmo, a, table)
-    return _interp(tab, "d1p", a, 1.0) / _interp(tab, "d1", a, 1.0)
+    return _interp(tab, "d1p", a, 1.0) / _d1(p, tab, a)
 
 
 def growth_factor_derivative(cosmo: Cosmology, a, table: GrowthTable | None = None):
@@ -333,7 +406,7 @@ def growth_gf(cosmo: Cosmology, a, table: GrowthTable | None = None):
     """g_f(a) = dG_f/da = 1.5 Omega_m D1(a) / (a^2 E(a)), exact by the growth ODE
     d/da (a^3 E dD1/da) = 1.5 Omega_m D1 / (a^2 E)."""
     p, a, tab = _setup(cosmo, a, table)
-    return 1.5 * p.Omega_m * _interp(tab, "d1", a, 1.0) / (a ** 2 * jnp.sqrt(_E2_dlnE(p, a)[0]))
+    return 1.5 * p.Omega_m * _d1(p, tab, a) / (a ** 2 * jnp.sqrt(_E2_dlnE(p, a)[0]))
 
 
 def growth_Gf2(cosmo: Cosmology, a, table: GrowthTable | None = None):
@@ -345,20 +418,20 @@ def growth_Gf2(cosmo: Cosmology, a, table: GrowthTable | None = None):
 def growth_gf2(cosmo: Cosmology, a, table: GrowthTable | None = None):
     """g_f2(a) = dG_f2/da = 1.5 Omega_m (D2 - D1^2) / (a^2 E), exact by the D2 ODE."""
     p, a, tab = _setup(cosmo, a, table)
-    d1, d2 = _interp(tab, "d1", a, 1.0), _interp(tab, "d2", a, 2.0)
+    d1, d2 = _d1(p, tab, a), _interp(tab, "d2", a, 2.0)
     return 1.5 * p.Omega_m * (d2 - d1 ** 2) / (a ** 2 * jnp.sqrt(_E2_dlnE(p, a)[0]))
 
 
 # --------------------------------------------------------------------- linear power
 
-def eisenstein_hu_transfer(cosmo: Cosmology, k, T_cmb: float = T_CMB):
+def eisenstein_hu_transfer(cosmo: Cosmology, k, T_cmb: float | None = None):
     """Eisenstein & Hu (1998, ApJ 496, 605) matter transfer function with baryon acoustic
     oscillations (their eqs. 2-24, sound horizon from eq. 6), for k in h/Mpc.  Needs k > 0
     (T -> 1 as k -> 0; k = 0 itself gives NaN, see :func:`linear_power` for the guard)."""
     p, k = _cast(cosmo, k)
     h, fb, fc = p.h, p.Omega_b / p.Omega_m, p.Omega_c / p.Omega_m
     wm, wb = p.Omega_m * h ** 2, p.Omega_b * h ** 2
-    th = T_cmb / 2.7
+    th = (cosmo.T_cmb if T_cmb is None else T_cmb) / 2.7
     kk = k * h  # 1/Mpc
     z_eq = 2.50e4 * wm * th ** -4  # eq. 2
     k_eq = 7.46e-2 * wm * th ** -2  # eq. 3, 1/Mpc
@@ -437,11 +510,11 @@ def linear_power(cosmo: Cosmology, k, a=1.0, table: GrowthTable | None = None):
     pos = k > 0
     ks = jnp.where(pos, k, 1.0)  # double-where guard for k = 0
     pk = _amplitude(p) * ks ** p.n_s * eisenstein_hu_transfer(p, ks) ** 2
-    return jnp.where(pos, pk, 0.0) * _interp(tab, "d1", a, 1.0) ** 2
+    return jnp.where(pos, pk, 0.0) * _d1(p, tab, a) ** 2
 
 
 def sigma_R(cosmo: Cosmology, R, a=1.0):
     """rms linear density contrast in top-hat spheres of radius R [Mpc/h] at scale factor a
     (R and a broadcast); sigma_R(8, 1) = sigma8 by construction."""
     p, R, a = _cast(cosmo, R, a)
-    return jnp.sqrt(_amplitude(p) * _sigma2_unnorm(p, R)) * _interp(_solve(p), "d1", a, 1.0)
+    return jnp.sqrt(_amplitude(p) * _sigma2_unnorm(p, R)) * _d1(p, _solve(p), a)

@@ -10,7 +10,6 @@ layout), ``summary.json`` and the figures of :func:`make_figures` (``kappa_maps.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -96,7 +95,7 @@ def write_mock(run_dir: Path, cfg: Config, resolved: dict, m: dict, log: logging
     if jax.process_index() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
-    truth = {k: float(v) for k, v in dataclasses.asdict(cfg.cosmology).items()}
+    truth = cfg.cosmology.parameters()
     arrays = {"kappa_obs": m["kappa_obs"], "kappa_true": m["kappa_true"], "white_noise": m["white_noise"],
               "noise_sigma": m["noise_sigma"]}
     if m["mask"] is not None:

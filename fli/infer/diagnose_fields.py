@@ -57,7 +57,7 @@ def prior_s8(config: dict, n: int = 20000, seed: int = 0) -> np.ndarray:
     cfg = to_config({k: v for k, v in config.items() if k != "hydra"})
     pt = PriorTransform.from_config(cfg.prior)
     x = np.asarray(pt.sample(jax.random.PRNGKey(seed), (n,)), float)
-    p = {k: np.full(n, float(v)) for k, v in vars(cfg.cosmology).items()}
+    p = {k: np.full(n, v) for k, v in cfg.cosmology.parameters().items()}
     for i, name in enumerate(pt.names):
         p[name] = x[:, i]
     return with_derived(p)["S8"]

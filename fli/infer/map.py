@@ -19,7 +19,6 @@ own blocks of the zarr field):
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -75,7 +74,7 @@ def prepare(cfg: Config, log: logging.Logger, compare_truth: bool = True):
 def _fixed_theta(cfg: Config, post: Posterior):
     if not cfg.inference.map.fix_cosmology:
         return None
-    return post.theta_of(dataclasses.asdict(cfg.cosmology))
+    return post.theta_of(cfg.cosmology.parameters())
 
 
 def _state(run: MapRun) -> dict:

@@ -163,7 +163,7 @@ def theory():
 def test_limber_cl_matches_ccl(theory):
     """Limber C_ell of kappa vs CCL's WeakLensingTracer, same n(z) tables and linear EH P(k).
 
-    CCL is set up like fli (no radiation, no neutrinos, T_CMB 2.7255 K in the EH fit), so both
+    CCL is set up like fli (the same radiation, no massive neutrinos, T_CMB in the EH fit), so both
     compute the same integral; CCL's shear C_ell carries (l+2)(l+1)l(l-1)/(l+1/2)^4, divided
     out here (fli's kappa Limber has no ell prefactor).  Measured max |ratio - 1| = 1.5e-4
     (from CCL's splines of the kernel and P(k) and the two quadratures); 1e-3 keeps a margin
