@@ -22,6 +22,7 @@ from fli.cosmology import (
     comoving_distance,
     linear_power,
 )
+from fli.halofit import halofit_power_grid
 from fli.lensing import LensGeometry, born_weights, lensing_kernel
 from fli.survey import NzBin, as_bin_list, result_dtype, stack_bins
 
@@ -38,18 +39,16 @@ def limber_cl(cosmo: Cosmology, nz_bins: Sequence[NzBin], ell, nonlinear: bool =
     smaller (e.g. the box depth).  Simpson's rule on ``n_chi`` (even) uniform intervals.
 
     Returns ``[n_bins, n_bins, n_ell]`` (``cross=False``: auto spectra ``[n_bins, n_ell]``).
-    No (ell-dependent) curved-sky prefactor is applied.  ``nonlinear=True`` is not available
-    (fli has no nonlinear P(k)).
+    No (ell-dependent) curved-sky prefactor is applied.  ``nonlinear=True``: halofit's P(k)
+    (:mod:`fli.halofit`, Takahashi et al. 2012) instead of the linear one.
     """
-    if nonlinear:
-        raise NotImplementedError("limber_cl: fli.cosmology provides only the linear P(k)")
     if n_chi < 2 or n_chi % 2:
         raise ValueError(f"n_chi must be even (Simpson), got {n_chi}")
-    return _limber(cosmo, as_bin_list(nz_bins), ell, chi_max, n_chi, flat_sky, cross)
+    return _limber(cosmo, as_bin_list(nz_bins), ell, chi_max, n_chi, flat_sky, cross, bool(nonlinear))
 
 
-@partial(jax.jit, static_argnums=(4, 5, 6))
-def _limber(cosmo, nz_bins, ell, chi_max, n_chi, flat_sky, cross):
+@partial(jax.jit, static_argnums=(4, 5, 6, 7))
+def _limber(cosmo, nz_bins, ell, chi_max, n_chi, flat_sky, cross, nonlinear=False):
     dt = result_dtype(cosmo, ell)
     ell = jnp.atleast_1d(jnp.asarray(ell, dt))
     z, _ = stack_bins(nz_bins, dt)
@@ -62,7 +61,8 @@ def _limber(cosmo, nz_bins, ell, chi_max, n_chi, flat_sky, cross):
     w = jnp.where(jnp.arange(1, n_chi + 1) % 2 == 1, 4.0, 2.0).astype(dt).at[-1].set(1.0) * h / 3.0
     q = lensing_kernel(cosmo, nz_bins, chi)  # [n_bins, n_chi]
     k = (ell[:, None] + (0.0 if flat_sky else 0.5)) / chi[None, :]
-    pk = linear_power(cosmo, k, a_of_chi(cosmo, chi)[None, :])  # [n_ell, n_chi]
+    a = a_of_chi(cosmo, chi)
+    pk = halofit_power_grid(cosmo, k, a) if nonlinear else linear_power(cosmo, k, a[None, :])  # [n_ell, n_chi]
     if cross:
         return jnp.einsum("c,ac,bc,lc->abl", w / chi ** 2, q, q, pk)
     return jnp.einsum("c,ac,lc->al", w / chi ** 2, q * q, pk)

@@ -128,13 +128,15 @@ def write_mock(run_dir: Path, cfg: Config, resolved: dict, m: dict, log: logging
 
 
 def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
-    """kappa maps, matter P(k) against linear theory, kappa C_ell against Limber.
+    """kappa maps, matter P(k) against linear theory and halofit, kappa C_ell against Limber
+    (linear and halofit P(k)).
 
     The spectra of sharded fields are collectives, so every process runs this; only process 0
     draws and writes. Returns the figure paths.
     """
     from fli import plots  # noqa: PLC0415
-    from fli.cosmology import linear_power  # noqa: PLC0415
+    from fli.cosmology import a_of_chi, linear_power  # noqa: PLC0415
+    from fli.halofit import halofit_power, halofit_power_grid  # noqa: PLC0415
     from fli.limber import limber_cl_planes, map_power_spectrum  # noqa: PLC0415
     from fli.lpt import linear_field  # noqa: PLC0415
     from fli.power import power_spectrum  # noqa: PLC0415
@@ -148,6 +150,7 @@ def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
     _, p_lin, _ = power_spectrum(linear_field(cosmo, m["white_noise"], grid, a_end), grid.fft, grid.box)
     k = np.asarray(k)
     p_th = np.asarray(linear_power(cosmo, jnp.asarray(k), a_end))
+    p_hf = np.asarray(halofit_power(cosmo, jnp.asarray(k), a_end))
     k_nyq = float(np.pi / np.max(grid.cell))
     p_sim, p_lin = np.asarray(p_sim), np.asarray(p_lin)
     ell, cl, _ = map_power_spectrum(kt, cfg.lensing.fov_deg, n_bins_ell=max(4, cfg.lensing.npix // 4),
@@ -160,6 +163,13 @@ def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
     cl_th = np.stack([cl_th[b, b] for b in range(cl_th.shape[0])])
     cl_cont = np.asarray(limber_cl_planes(cosmo, m["bins"], ell_t, geom))
     cl_cont = np.stack([cl_cont[b, b] for b in range(cl_cont.shape[0])])
+    # the same plane sum with halofit's P(k): what the map would carry with all the small-scale power
+    r = jnp.asarray(geom.plane_r)
+    kp = jnp.asarray(ell_t)[:, None] / r[None, :]
+    a_r = a_of_chi(cosmo, r)
+    boost = halofit_power_grid(cosmo, kp, a_r) / linear_power(cosmo, kp, a_r[None, :])
+    cl_hf = np.asarray(limber_cl_planes(cosmo, m["bins"], ell_t, geom, boost=boost))
+    cl_hf = np.stack([cl_hf[b, b] for b in range(cl_hf.shape[0])])
     a_pix_sr = (np.deg2rad(cfg.lensing.fov_deg) / cfg.lensing.npix) ** 2
     noise_cl = (m["noise_sigma"] ** 2 * a_pix_sr)[:, None] * np.ones_like(ell_t)[None, :]
     ell_lo = 2 * np.pi / np.deg2rad(cfg.lensing.fov_deg)
@@ -169,7 +179,7 @@ def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
     return {
         "kappa_maps": str(plots.kappa_maps(kt, ko, cfg.lensing.fov_deg, run_dir / "kappa_maps.png")),
         "matter_power": str(plots.matter_power(k, p_sim, p_lin, p_th, a_end, run_dir / "matter_power.png",
-                                               k_nyq=k_nyq)),
+                                               k_nyq=k_nyq, p_halofit=p_hf)),
         "kappa_cl": str(plots.kappa_cl(ell, cl, cl_cont, noise_cl, run_dir / "kappa_cl.png", ell_theory=ell_t,
-                                       ell_range=(ell_lo, ell_hi), cl_windowed=cl_th)),
+                                       ell_range=(ell_lo, ell_hi), cl_windowed=cl_th, cl_halofit=cl_hf)),
     }

@@ -49,21 +49,28 @@ def kappa_maps(kappa_true: np.ndarray, kappa_obs: np.ndarray, fov_deg: float, pa
 
 
 def matter_power(k: np.ndarray, p_sim: np.ndarray, p_lin_realisation: np.ndarray, p_theory: np.ndarray,
-                 a: float, path: Path, k_nyq: float | None = None) -> Path:
-    """3D P(k) of the final particle field against linear theory at the same scale factor."""
+                 a: float, path: Path, k_nyq: float | None = None, p_halofit: np.ndarray | None = None) -> Path:
+    """3D P(k) of the final particle field against linear theory and halofit at the same
+    scale factor."""
     fig, (ax, axr) = plt.subplots(2, 1, figsize=(6, 6.2), sharex=True, height_ratios=[3, 1.3],
                                   constrained_layout=True)
     sel = p_sim > 0
     ax.loglog(k[sel], p_sim[sel], "C0-", label="PM (CIC-painted particles)")
     ax.loglog(k[sel], p_lin_realisation[sel], "C1--", label="linear field, same realisation")
     ax.loglog(k[sel], p_theory[sel], "k:", label="linear theory $P_{EH}(k)$")
+    if p_halofit is not None:
+        ax.loglog(k[sel], p_halofit[sel], "k-", lw=0.8, label="halofit (Takahashi 2012)")
     ax.set_ylabel(r"$P(k)$ [$(h^{-1}$Mpc$)^3$]")
     ax.set_title(f"matter power at a = {a:.3f}", fontsize=10)
     ax.legend(fontsize=8)
-    axr.semilogx(k[sel], p_sim[sel] / p_lin_realisation[sel], "C0-")
+    axr.semilogx(k[sel], p_sim[sel] / p_lin_realisation[sel], "C0-", label="PM / linear (same realisation)")
+    if p_halofit is not None:
+        axr.semilogx(k[sel], p_halofit[sel] / p_theory[sel], "k-", lw=0.8, label="halofit / linear")
+        axr.legend(fontsize=7)
     axr.axhline(1, color="k", lw=0.6)
-    axr.set_ylabel("PM / linear")
+    axr.set_ylabel("over linear")
     axr.set_xlabel(r"$k$ [$h$/Mpc]")
+    axr.xaxis.set_minor_formatter(plt.NullFormatter())
     if k_nyq:
         for a_ in (ax, axr):
             a_.axvline(k_nyq, color="grey", lw=0.6, ls="--")
@@ -74,9 +81,9 @@ def matter_power(k: np.ndarray, p_sim: np.ndarray, p_lin_realisation: np.ndarray
 
 def kappa_cl(ell: np.ndarray, cl_maps: np.ndarray, cl_theory: np.ndarray, noise_cl: np.ndarray,
              path: Path, ell_theory: np.ndarray | None = None, ell_range: tuple[float, float] | None = None,
-             cl_windowed: np.ndarray | None = None) -> Path:
-    """Angular power spectra per bin: noiseless map, Limber prediction (and with the PM mesh
-    window), shape-noise level."""
+             cl_windowed: np.ndarray | None = None, cl_halofit: np.ndarray | None = None) -> Path:
+    """Angular power spectra per bin: noiseless map, Limber prediction with the linear P(k)
+    (and with the PM mesh window) and with halofit's, shape-noise level."""
     nb = cl_maps.shape[0]
     ell_t = ell if ell_theory is None else ell_theory
     fig, axes = plt.subplots(1, nb, figsize=(4.2 * nb, 3.8), squeeze=False, constrained_layout=True)
@@ -84,7 +91,10 @@ def kappa_cl(ell: np.ndarray, cl_maps: np.ndarray, cl_theory: np.ndarray, noise_
         ax = axes[0, b]
         sel = cl_maps[b] > 0
         ax.loglog(ell[sel], (ell * (ell + 1) * cl_maps[b] / (2 * np.pi))[sel], "C0o-", ms=3, label="noiseless map")
-        ax.loglog(ell_t, ell_t * (ell_t + 1) * cl_theory[b] / (2 * np.pi), "k-", label="Limber (linear P)")
+        ax.loglog(ell_t, ell_t * (ell_t + 1) * cl_theory[b] / (2 * np.pi), "k:", label="Limber (linear P)")
+        if cl_halofit is not None:
+            ax.loglog(ell_t, ell_t * (ell_t + 1) * cl_halofit[b] / (2 * np.pi), "k-", lw=0.8,
+                      label="Limber (halofit P)")
         if cl_windowed is not None:
             w = cl_windowed[b] > 1e-3 * cl_theory[b]
             ax.loglog(ell_t[w], (ell_t * (ell_t + 1) * cl_windowed[b] / (2 * np.pi))[w], "k--",
@@ -93,6 +103,7 @@ def kappa_cl(ell: np.ndarray, cl_maps: np.ndarray, cl_theory: np.ndarray, noise_
         if ell_range:
             ax.axvspan(*ell_range, color="C2", alpha=0.08, label=r"$2\pi$/fov to half the map Nyquist")
         ax.set_xlabel(r"$\ell$")
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())  # the minor labels of a short log axis overlap
         ax.set_ylabel(r"$\ell(\ell+1)C_\ell/2\pi$")
         ax.set_title(f"bin {b}", fontsize=10)
         ax.legend(fontsize=7)
