@@ -280,21 +280,64 @@ def schur_columns(
     """
     hvp = _hvp_for(kind, U, residual, ad)
     n = theta_z.shape[0]
-    zero_s = jax.tree.map(jnp.zeros_like, s)
-    zero_t = jnp.zeros_like(theta_z)
-
-    def field_matvec(x):
-        return hvp(theta_z, s, zero_t, x)[1]
 
     def column(e):
-        h_t, b = hvp(theta_z, s, e, zero_s)
-        x, info = cg(field_matvec, b, tol=cg_tol, maxiter=cg_maxiter)
-        h_ts_x = hvp(theta_z, s, zero_t, x)[0]
-        return h_t, h_t - h_ts_x, info
+        return _schur_column(hvp, theta_z, s, e, cg_tol, cg_maxiter)
 
     h_cols, s_cols, info = lax.map(column, jnp.eye(n, dtype=theta_z.dtype))
     # lax.map stacks column j as row j: transpose to put it back as a column.
     return SchurColumns(h_cols.T, s_cols.T, info)
+
+
+def _schur_column(hvp, theta_z, s, e, cg_tol, cg_maxiter):
+    """``(H_tt e, H_tt e - H_ts x, CGInfo)`` with ``H_ss x = H_st e``, by one loop whose body
+    holds the program's only HVP: phase 0 applies ``H`` to ``(e, 0)``, phase 1 runs CG on
+    ``H_ss`` (:func:`cg`'s iteration, the same stopping rules), phase 2 applies ``H`` to
+    ``(0, x)``. Three call sites of the HVP compiled the second-order model three times;
+    XLA's compile time, which dominates the Laplace step on CPU, fell with them (docs/
+    benchmarks.md, "Compiling the Laplace step")."""
+    dt = jnp.result_type(*jax.tree.leaves(s))
+    zero_s = jax.tree.map(jnp.zeros_like, s)
+    zero_t = jnp.zeros_like(theta_z)
+    sel = lambda c, a, b: jax.tree.map(lambda u, v: jnp.where(c, u, v), a, b)
+    tol2 = jnp.asarray(cg_tol, dt) ** 2
+    maxiter = jnp.asarray(cg_maxiter, jnp.int32)
+    zero = jnp.zeros((), dt)
+    # (phase, x, r, p, rr, bb, k, neg, h_t, h_ts_x)
+    state = (jnp.int32(0), zero_s, zero_s, zero_s, zero, zero, jnp.int32(0), jnp.array(False), zero_t, zero_t)
+
+    def body(st):
+        phase, x, r, p, rr, bb, k, neg, h_t, h_ts_x = st
+        first, solving = phase == 0, phase == 1
+        out_t, out_s = hvp(theta_z, s, jnp.where(first, e, zero_t), sel(solving, p, sel(first, zero_s, x)))
+        # phase 0: b = H_st e starts CG at x = 0 (r = p = b)
+        bb0 = _dot(out_s, out_s).astype(dt)
+        # phase 1: one CG iteration, ap = H_ss p
+        pap = _dot(p, out_s).astype(dt)
+        neg1 = ~(pap > 0)  # also catches NaN
+        alpha = jnp.where(neg1, 0.0, rr / jnp.where(neg1, 1.0, pap)).astype(dt)
+        x1 = _axpy(alpha, p, x)
+        r1 = _axpy(-alpha, out_s, r)
+        rr1 = _dot(r1, r1).astype(dt)
+        beta = (rr1 / jnp.where(rr > 0, rr, 1.0)).astype(dt)
+        p1 = _axpy(beta, p, r1)
+        rr1 = jnp.where(neg1, rr, rr1)
+        x = sel(first, zero_s, sel(solving, x1, x))
+        r = sel(first, out_s, sel(solving, r1, r))
+        p = sel(first, out_s, sel(solving, p1, p))
+        rr = jnp.where(first, bb0, jnp.where(solving, rr1, rr))
+        bb = jnp.where(first, bb0, bb)
+        k = jnp.where(solving, k + 1, k)
+        neg = jnp.where(solving, neg1, neg)
+        h_t = jnp.where(first, out_t, h_t)
+        h_ts_x = jnp.where(phase == 2, out_t, h_ts_x)
+        more = (rr > tol2 * bb) & (k < maxiter) & ~neg  # cg's condition to iterate again
+        phase = jnp.where(phase == 2, 3, jnp.where(more, 1, 2)).astype(jnp.int32)
+        return phase, x, r, p, rr, bb, k, neg, h_t, h_ts_x
+
+    _, _, _, _, rr, bb, k, neg, h_t, h_ts_x = lax.while_loop(lambda st: st[0] < 3, body, state)
+    rel = jnp.sqrt(rr / jnp.where(bb > 0, bb, 1.0))
+    return h_t, h_t - h_ts_x, CGInfo(k, rel, (rr <= tol2 * bb) & ~neg, neg)
 
 
 # --------------------------------------------------------------------------- Laplace

@@ -18,12 +18,13 @@ def _dense(fn_vec, n, dim):
 
 
 # The exact Hessian only: it is what fli-map's default (hessian="auto") takes first. Measured
-# alone: 277 s, of which 130 s compile laplace's Schur program and 52 s the dense columns'
-# (1026 HVPs run in 40 s). The Gauss-Newton variant cost another 196 s, nearly all compiling;
-# its Schur algebra is checked against a dense inverse in tests/infer/test_laplace.py and its
-# products J v, J^T u are the residual's JVP and VJP, which the model's finite-difference
-# gradient tests and tests/physics/test_second_order.py check on the PM forward.
-@pytest.mark.slow(seconds=280)
+# alone: 277 s, of which 139 s compiled laplace's Schur program (51 s since that program has one
+# HVP site) and 52 s the dense columns' (1026 HVPs run in 40 s); 218 s with the one-site
+# program, beside another job. The Gauss-Newton variant cost another 196 s, nearly all
+# compiling; its Schur algebra is checked against a dense inverse in tests/infer/test_laplace.py
+# and its products J v, J^T u are the residual's JVP and VJP, which the model's
+# finite-difference gradient tests and tests/physics/test_second_order.py check on the PM forward.
+@pytest.mark.slow(seconds=200)
 def test_schur_complement_matches_the_dense_inverse():
     hessian = "exact"
     with jax.enable_x64(True):
