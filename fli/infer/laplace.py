@@ -101,6 +101,20 @@ class CGInfo(NamedTuple):
     negative_curvature: Array
 
 
+def _cg_step(x, r, p, rr, ap, dt):
+    """One CG iteration given ``ap = A p``: ``(x, r, p, |r|^2, negative curvature)``; at
+    negative curvature (``p^T A p <= 0``, or NaN) x stays and ``|r|^2`` is the old one."""
+    pap = _dot(p, ap).astype(dt)
+    neg = ~(pap > 0)  # also catches NaN
+    alpha = jnp.where(neg, 0.0, rr / jnp.where(neg, 1.0, pap)).astype(dt)
+    x = _axpy(alpha, p, x)
+    r_new = _axpy(-alpha, ap, r)
+    rr_new = _dot(r_new, r_new).astype(dt)
+    beta = (rr_new / jnp.where(rr > 0, rr, 1.0)).astype(dt)
+    p = _axpy(beta, p, r_new)
+    return x, r_new, p, jnp.where(neg, rr, rr_new), neg
+
+
 def cg(
     matvec: Callable[[PyTree], PyTree],
     b: PyTree,
@@ -144,16 +158,8 @@ def cg(
 
     def body(state):
         x, r, p, rr, k, _ = state
-        ap = matvec(p)
-        pap = _dot(p, ap).astype(dt)
-        neg = ~(pap > 0)  # also catches NaN
-        alpha = jnp.where(neg, 0.0, rr / jnp.where(neg, 1.0, pap)).astype(dt)
-        x = _axpy(alpha, p, x)
-        r_new = _axpy(-alpha, ap, r)
-        rr_new = _dot(r_new, r_new).astype(dt)
-        beta = (rr_new / jnp.where(rr > 0, rr, 1.0)).astype(dt)
-        p = _axpy(beta, p, r_new)
-        return x, r_new, p, jnp.where(neg, rr, rr_new), k + 1, neg
+        x, r, p, rr, neg = _cg_step(x, r, p, rr, matvec(p), dt)
+        return x, r, p, rr, k + 1, neg
 
     state = (x, r, r, rr, jnp.int32(0), jnp.array(False))
     x, _, _, rr, k, neg = lax.while_loop(cond, body, state)
@@ -313,15 +319,7 @@ def _schur_column(hvp, theta_z, s, e, cg_tol, cg_maxiter):
         # phase 0: b = H_st e starts CG at x = 0 (r = p = b)
         bb0 = _dot(out_s, out_s).astype(dt)
         # phase 1: one CG iteration, ap = H_ss p
-        pap = _dot(p, out_s).astype(dt)
-        neg1 = ~(pap > 0)  # also catches NaN
-        alpha = jnp.where(neg1, 0.0, rr / jnp.where(neg1, 1.0, pap)).astype(dt)
-        x1 = _axpy(alpha, p, x)
-        r1 = _axpy(-alpha, out_s, r)
-        rr1 = _dot(r1, r1).astype(dt)
-        beta = (rr1 / jnp.where(rr > 0, rr, 1.0)).astype(dt)
-        p1 = _axpy(beta, p, r1)
-        rr1 = jnp.where(neg1, rr, rr1)
+        x1, r1, p1, rr1, neg1 = _cg_step(x, r, p, rr, out_s, dt)
         x = sel(first, zero_s, sel(solving, x1, x))
         r = sel(first, out_s, sel(solving, r1, r))
         p = sel(first, out_s, sel(solving, p1, p))
