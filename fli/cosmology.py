@@ -171,10 +171,14 @@ def _cast(cosmo, *xs):
     return (p,) + tuple(jnp.asarray(x, dt) for x in xs)
 
 
+def _rho_de(p: Cosmology, a):
+    """rho_de(a) / rho_de(1) = a^{-3(1 + w0 + wa)} exp(-3 wa (1 - a))."""
+    return jnp.exp(-3.0 * (1.0 + p.w0 + p.wa) * jnp.log(a) - 3.0 * p.wa * (1.0 - a))
+
+
 def _E2_dlnE(p: Cosmology, a):
     """E(a)^2 = (H/H0)^2 and dlnE/dlna for flat w0waCDM with radiation."""
-    # rho_de(a) / rho_de(1) = a^{-3(1 + w0 + wa)} exp(-3 wa (1 - a))
-    rho_de = jnp.exp(-3.0 * (1.0 + p.w0 + p.wa) * jnp.log(a) - 3.0 * p.wa * (1.0 - a))
+    rho_de = _rho_de(p, a)
     w = p.w0 + p.wa * (1.0 - a)
     r = p.Omega_r * a ** -4
     m = p.Omega_m * a ** -3

@@ -27,7 +27,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fli.cosmology import Cosmology, _cast, _E2_dlnE, linear_power
+from fli.cosmology import Cosmology, _cast, _E2_dlnE, _rho_de, linear_power
 
 _LNK = (math.log(1e-4), math.log(1e3), 2048)  # the sigma^2(R) quadrature grid [h/Mpc]
 _LNR = (math.log(1e-3), math.log(1e2))  # the bracket of the nonlinear scale R = 1/k_sigma [Mpc/h]
@@ -75,8 +75,7 @@ def halofit_power(cosmo: Cosmology, k, a: float):
     k_sigma, n, c, sig2_max = nonlinear_scale(p, a)
     e2, _ = _E2_dlnE(p, a)
     om = p.Omega_m * a ** -3 / e2
-    rho_de = jnp.exp(-3.0 * (1.0 + p.w0 + p.wa) * jnp.log(a) - 3.0 * p.wa * (1.0 - a))
-    ode = p.Omega_de * rho_de / e2
+    ode = p.Omega_de * _rho_de(p, a) / e2
     w = p.w0 + p.wa * (1.0 - a)
     n2, n3, n4 = n * n, n ** 3, n ** 4
     an = 10.0 ** (1.5222 + 2.8553 * n + 2.3706 * n2 + 0.9903 * n3 + 0.2250 * n4 - 0.6038 * c

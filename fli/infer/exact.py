@@ -66,7 +66,6 @@ def _response_fn(post: Posterior, data: Data):
 def response(post: Posterior, data: Data, theta_z) -> tuple[np.ndarray, np.ndarray]:
     """``(A, b)`` at ``theta_z`` on the unmasked pixels: ``A`` ``[m, n]`` (float32) and
     ``b = W d`` ``[m]``, so that the residual is ``A s - b``."""
-    _check_linear(post)
     return _Response(post, data)(theta_z)
 
 
