@@ -21,13 +21,37 @@ from pathlib import Path
 import jax
 import numpy as np
 
+BARRIER_TIMEOUT = 3600  # [s] the longest one process waits at a barrier for the others (compiling, writing)
+
 
 def barrier(name: str) -> None:
-    """Wait until every process of a ``jax.distributed`` run reaches ``name``."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils  # noqa: PLC0415
+    """Wait until every process of a ``jax.distributed`` run reaches ``name``.
 
-        multihost_utils.sync_global_devices(name)
+    The wait goes through jax's coordination service (its ``wait_at_barrier``, up to
+    :data:`BARRIER_TIMEOUT`), not through a device collective: on CPU a collective runs over
+    gloo, which gives up when its peer arrives more than 30 s later ("Gloo context
+    initialization failed: ... GetKeyValue() timed out", measured: two processes, one 45 s
+    late). A peer still compiling its program, or process 0 writing a chunk, is that late on a
+    loaded machine, so call this before a compiled program's first collective. A dead peer
+    still stops the wait within the heartbeat timeout (``fli.sharding.init_distributed``)."""
+    if jax.process_count() > 1:
+        client = _coordination_client()
+        if client is None:
+            from jax.experimental import multihost_utils  # noqa: PLC0415
+
+            multihost_utils.sync_global_devices(name)
+        else:
+            client.wait_at_barrier(name, BARRIER_TIMEOUT * 1000)
+
+
+def _coordination_client():
+    """jax.distributed's client of the coordination service (private in jax 0.10), or None."""
+    try:
+        from jax._src import distributed  # noqa: PLC0415
+    except ImportError:
+        return None
+    client = getattr(distributed.global_state, "client", None)
+    return client if hasattr(client, "wait_at_barrier") else None
 
 
 def is_writer() -> bool:

@@ -30,7 +30,7 @@ import numpy as np
 import yaml
 
 from fli.config import Config, ConfigError
-from fli.files import write_json, write_text
+from fli.files import barrier, write_json, write_text
 from fli.infer import checkpoint as ckpt
 from fli.infer.config_keys import MAP_MAY_CHANGE, check_resumable
 from fli.infer.model import Data, Latents, Posterior, build_posterior, make_data
@@ -127,6 +127,7 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
     width0 = jnp.asarray(0.0, fwd.grid.jdtype)
     compiled = step_fn.lower(run.params, run.opt_state, data, width0).compile()
     release_freed_memory()
+    barrier("fli-map-compiled")  # a peer compiling > 30 s longer would break the first step's gloo collective
     t_compile = time.perf_counter() - t0
     log.info("compiled the optimiser step in %.1f s", t_compile)
 
@@ -232,10 +233,7 @@ def finish(cfg: Config, run_dir: Path, obs, post: Posterior, data: Data, run: Ma
     out["figures"] = figures.map_figures(run_dir, post, obs, data, kappa, hist, metrics, lin)
     _write_history(run_dir, run)
     write_json(run_dir / MAP_JSON, out, default=float)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils  # noqa: PLC0415
-
-        multihost_utils.sync_global_devices("fli-map-done")
+    barrier("fli-map-done")
     log.info("MAP: %s; loss %.6g, chi2/pixel %.3f after %d steps (%s) -> %s",
              " ".join(f"{k}={v:.4f}" for k, v in phys.items()), out["loss"], out["chi2_per_pixel"], run.step,
              "converged" if out["converged"] else "step budget", run_dir / MAP_JSON)

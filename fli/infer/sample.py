@@ -26,7 +26,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fli.config import Config
-from fli.files import write_json
+from fli.files import barrier, write_json
 from fli.infer import checkpoint as ckpt
 from fli.infer.chunk import Accum, Draws, accum_of_chain, make_chunk, take_chain, zero_accum
 from fli.infer.config_keys import SAMPLING_MAY_CHANGE, check_resumable
@@ -183,6 +183,7 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
             prog = make_chunk(kernel, post, n, icfg.field_thin, icfg.num_warmup, kedges)
             programs[n] = prog.lower(kstate, acc, data).compile()
             log.info("compiled the %d-draw chunk program in %.1f s", n, time.perf_counter() - tc)
+        barrier("fli-nuts-chunk-start")  # enter the chunk's collectives together (gloo gives up after 30 s)
         tc = time.perf_counter()
         kstate, acc, draws, fields = programs[n](kstate, acc, data)
         jax.block_until_ready(kstate)

@@ -13,3 +13,18 @@ def test_two_processes_reproduce_four_devices(tmp_path):
     ref = np.asarray(forward_density((2, 2)))
     # same program, same layout, gloo vs in-process collectives: float32 rounding only
     np.testing.assert_allclose(np.load(out), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.slow(seconds=45)  # 35 s of it process 1 sleeping
+@pytest.mark.multiprocess
+def test_a_peer_late_by_more_than_gloo_waits_for_passes_fli_barrier(tmp_path):
+    """Process 1 reaches the first collective of a compiled program 35 s after process 0, both
+    having passed ``fli.files.barrier`` first. gloo alone gives up on a peer more than 30 s late
+    (measured at 45 s: "Gloo context initialization failed ... GetKeyValue() timed out"), and
+    ``sync_global_devices`` is itself such a collective, so this fails unless the barrier waits
+    through the coordination service; it is what broke two-process fli-nuts on a loaded machine."""
+    out = tmp_path / "late.npy"
+    run_workers("late_peer_worker", out)
+    value, waited = np.load(out)
+    assert value == 6.0  # 1 + 1 + 2 + 2: each process's two devices hold its rank + 1
+    assert waited > 30.0, waited  # process 0 did wait for its late peer at the barrier
