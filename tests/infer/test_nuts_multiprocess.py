@@ -6,9 +6,10 @@ every draw's field kept) runs as 1 process x 4 devices and as 2 processes x 2 de
 differently would change a tree depth and separate the chains for good, so this tests that
 the multi-process program computes what the one-process program does. The program is the same
 whichever launcher starts the processes, so the chain runs under none (2 bare processes given
-explicit overrides), and that same run then loses a process, to show that its peer stops; what differs between launchers is how fli's start-up finds its peers (explicit overrides,
-Open MPI's or SLURM's variables), and that runs under every launcher with fli's start-up and a
-body of milliseconds (tests/helpers/hydra_probe.py): 2 processes, 4 devices, one run directory.
+explicit overrides), and that same run then loses a process, to show that its peer stops. What
+differs between launchers is how fli's start-up finds its peers (explicit overrides, Open MPI's
+or SLURM's variables), and that runs under every launcher with fli's start-up and a body of
+milliseconds (tests/helpers/hydra_probe.py): 2 processes, 4 devices, one run directory.
 """
 
 import json
