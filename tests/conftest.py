@@ -2,8 +2,10 @@
 
 import os
 
+from tests.helpers.xla import FLAGS as _XLA_FLAGS  # (imports no jax)
+
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    os.environ.get("XLA_FLAGS", "") + f" {_XLA_FLAGS} --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

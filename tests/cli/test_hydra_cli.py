@@ -19,6 +19,7 @@ import yaml
 
 import tests.helpers.hydra_probe as probe
 from fli.cli.common import main_wrapper
+from tests.helpers import xla
 from tests.helpers.posterior import SMALL
 from tests.helpers.processes import ROOT, free_port, launch
 
@@ -33,7 +34,7 @@ def fli_mock() -> list[str]:
 
 
 def run(argv, cwd, timeout=300):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS="")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=xla.FLAGS)
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.helpers import xla
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -35,7 +37,7 @@ def free_port() -> int:
 
 def launch(argv_for, n=2, timeout=600, cwd=ROOT):
     """Start n processes with argv_for(pid) in cwd; return their (rc, output)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS="")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=xla.FLAGS)
     procs = [subprocess.Popen(argv_for(i), cwd=cwd, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i in range(n)]
     outs = []

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from fli.infer.run_store import complete_chunks, read_chunks
+from tests.helpers import xla
 from tests.helpers.posterior import SMALL
 from tests.helpers.processes import ROOT, free_port
 
@@ -42,7 +43,7 @@ TOL = 1e-8
 
 
 def _env(**extra) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS="", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=xla.FLAGS, PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
 

@@ -1,0 +1,11 @@
+"""The XLA flags of every test process: tests/conftest.py sets them for pytest's own processes,
+and the helpers that start workers pass them on.
+
+LLVM's optimisation is off (``--xla_backend_optimization_level=0``): most of the tests' time is
+XLA compiling small programs, not running them. Measured (docs/benchmarks.md, "Test-suite
+compile flags"): one posterior gradient compiled in 15 s instead of 22 s and ran 1.5x slower;
+the default test set took 457 s of wall time instead of 611 s. The programs are the same, so
+results agree with optimised code to round-off, and every comparison a test makes is between
+processes that use these flags."""
+
+FLAGS = "--xla_backend_optimization_level=0"
