@@ -41,3 +41,10 @@ def small_posterior(pdims=(1, 1), extra=(), dtype="float32"):
     noise = np.random.default_rng(1).normal(size=k.shape) * sigma[:, None, None]
     obs = SimpleNamespace(kappa_obs=(k + noise).astype(g.dtype), noise_sigma=sigma, mask=None)
     return post, make_data(obs, post.fwd), Latents(theta, s)
+
+
+def truncate_state(checkpoint):
+    """Damage a checkpoint as a full disk or a killed copy would: its state files cut to a third."""
+    for p in (checkpoint / "state").rglob("*"):
+        if p.is_file() and p.stat().st_size > 64:
+            p.write_bytes(p.read_bytes()[: p.stat().st_size // 3])

@@ -1,5 +1,6 @@
 """fli-nuts as a user runs it: a small mock, a chain in chunks, its outputs, where it starts,
-bad input, batched chains and HMC. Runs that stop and go on are in test_nuts_resume.py.
+bad input, batched chains, HMC, and the resumes it refuses. Runs that stop and go on are in
+test_nuts_resume.py.
 
 The small posterior (tests/helpers/posterior.py SMALL: 8x8x32 cells, 4 planes, 8x8 pixels, 2
 bins, 2050 latents plus dummies) compiles in seconds; the chains here are a few draws long:
@@ -7,13 +8,15 @@ they test the machinery, not convergence (tests/infer/test_nuts_calibration.py a
 """
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 
 from fli.cli.nuts import main as nuts_main
+from fli.infer import checkpoint as ckpt
 from fli.infer.run_store import complete_chunks, read_chunks
-from tests.helpers.posterior import CHAIN, SMALL
+from tests.helpers.posterior import CHAIN, SMALL, truncate_state
 
 
 def test_a_chain_writes_its_chunks_and_inference_data(chain):
@@ -250,3 +253,39 @@ def test_hmc_kernel_takes_its_fixed_number_of_steps(small_mock, tmp_path):
                       "inference.num_warmup=3", "inference.num_samples=6", "inference.chunk=3",
                       "inference.field_thin=3"]) == 0
     assert complete_chunks(run) == [0, 1, 2]
+
+
+# The default set's resume refusals read the session's chain here, in the file that makes it: in
+# test_nuts_resume.py they put it on a second pytest-xdist worker, which built it again.
+def test_a_finished_chain_is_left_as_it_is(small_mock, chain, tmp_path, caplog):
+    """Started again with the same draw count (e.g. a sweep rerun after a crash), a finished
+    chain is reported and nothing is rewritten."""
+    run = tmp_path / "copy"
+    shutil.copytree(chain, run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and ".hydra" not in p.parts}
+    assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}"]) == 0
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and ".hydra" not in p.parts} == before
+
+
+def test_resuming_with_another_model_config_is_refused(small_mock, chain, tmp_path, capsys):
+    run = tmp_path / "copy"
+    shutil.copytree(chain, run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.num_samples=10",
+                      "lensing.n_planes=2"]) == 2
+    err = capsys.readouterr().err
+    assert "lensing.n_planes" in err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # nothing changed
+
+
+def test_with_every_checkpoint_damaged_the_run_is_refused_in_one_line_and_nothing_rewritten(small_mock, chain,
+                                                                                           tmp_path, capsys):
+    run = tmp_path / "copy"
+    shutil.copytree(chain, run)
+    for step in ckpt.all_steps(run / "checkpoints"):
+        truncate_state(run / "checkpoints" / str(step))
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    code = nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.num_samples=10"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "checkpoints/" in err[0] and "no earlier checkpoint" in err[0], err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # .hydra/ included

@@ -1,7 +1,9 @@
 """fli-nuts runs that stop and go on: extension, resume after SIGKILL or from a damaged
 checkpoint, resume on another device layout, a kernel stepped from its checkpoint in a fresh
-process, and what a resume refuses. A file of its own so that pytest-xdist (``--dist loadfile``,
-.ci/run) runs these slow tests beside test_nuts.py's rather than after them.
+process, and a resume with another sampler refused. A file of its own so that pytest-xdist
+(``--dist loadfile``, .ci/run) runs these slow tests beside test_nuts.py's rather than after them;
+the default set's refusals, which read the session's ``chain`` and nothing else, are in
+test_nuts.py, the file that makes it (here they made a second worker build it again).
 
 The chains are tests/helpers/posterior.py's CHAIN of the small mock; ``chain`` (the
 uninterrupted run, tests/infer/conftest.py) is the reference each one is compared with.
@@ -19,9 +21,8 @@ import numpy as np
 import pytest
 
 from fli.cli.nuts import main as nuts_main
-from fli.infer import checkpoint as ckpt
 from fli.infer.run_store import complete_chunks, read_chunks
-from tests.helpers.posterior import CHAIN, SMALL
+from tests.helpers.posterior import CHAIN, SMALL, truncate_state
 from tests.helpers.processes import ROOT
 
 
@@ -68,53 +69,13 @@ def test_the_kernel_steps_a_restored_state_in_a_fresh_process_without_init(chain
     assert "max |draw difference| = 0.0" in proc.stdout, proc.stdout + proc.stderr[-2000:]
 
 
-def test_a_finished_chain_is_left_as_it_is(small_mock, chain, tmp_path, caplog):
-    """Started again with the same draw count (e.g. a sweep rerun after a crash), a finished
-    chain is reported and nothing is rewritten."""
-    run = tmp_path / "copy"
-    shutil.copytree(chain, run)
-    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and ".hydra" not in p.parts}
-    assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}"]) == 0
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and ".hydra" not in p.parts} == before
-
-
-def test_resuming_with_another_model_config_is_refused(small_mock, chain, tmp_path, capsys):
-    run = tmp_path / "copy"
-    shutil.copytree(chain, run)
-    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.num_samples=10",
-                      "lensing.n_planes=2"]) == 2
-    err = capsys.readouterr().err
-    assert "lensing.n_planes" in err
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # nothing changed
-
-
-def _truncate_state(checkpoint):
-    for p in (checkpoint / "state").rglob("*"):
-        if p.is_file() and p.stat().st_size > 64:
-            p.write_bytes(p.read_bytes()[: p.stat().st_size // 3])
-
-
-def test_with_every_checkpoint_damaged_the_run_is_refused_in_one_line_and_nothing_rewritten(small_mock, chain,
-                                                                                           tmp_path, capsys):
-    run = tmp_path / "copy"
-    shutil.copytree(chain, run)
-    for step in ckpt.all_steps(run / "checkpoints"):
-        _truncate_state(run / "checkpoints" / str(step))
-    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    code = nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.num_samples=10"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "checkpoints/" in err[0] and "no earlier checkpoint" in err[0], err
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # .hydra/ included
-
-
 @pytest.mark.slow(seconds=60)
 def test_a_damaged_checkpoint_falls_back_to_the_one_before(small_mock, chain, tmp_path, caplog):
     """The newest checkpoint (after chunk 2) truncated: the run says so, resumes from
     checkpoint 1, and samples chunk 2 again exactly as the chain did."""
     run = tmp_path / "copy"
     shutil.copytree(chain, run)
-    _truncate_state(run / "checkpoints" / "2")
+    truncate_state(run / "checkpoints" / "2")
     with caplog.at_level("WARNING"):
         assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.num_samples=10"]) == 0
     assert any("checkpoints/2 is" in r.message and "falling back to checkpoint 1" in r.message
@@ -199,7 +160,9 @@ def test_numpyros_own_layout_samples_resumes_on_another_layout_and_cannot_be_swa
     """``inference.sampler=numpyro`` (the baseline the sharded sampler is measured against)
     runs through fli-nuts as the sharded one does: chunks, checkpoints, a resume on another
     device layout (its state is a global pytree: a plain reshard), and a resume with the other
-    sampler is refused in one line naming the key."""
+    sampler is refused in one line naming the key. It is also the test that NumPyro's NUTS runs
+    the whole sharded PM forward (pencil FFTs, CIC exchanges) on a mesh split on both axes:
+    XLA's CPU FFT once crashed there, when local FFTs acted on 3D arrays."""
     run = tmp_path / "stock"
     base = [*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.sampler=numpyro"]
     assert nuts_main([*base, "inference.num_samples=2"]) == 0  # 8 draws on pdims (1, 1)
