@@ -247,11 +247,9 @@ class MapConfig:
 
 
 INIT_REDRAWS = ("wiener", "none")
-# fli-nuts's keys, which fli-map ignores (a MAP run may resume with them changed)
-SAMPLER_KEYS = tuple(f"inference.{k}" for k in ("kernel", "num_warmup", "num_samples", "max_tree_depth", "num_steps",
-                                                "step_size", "target_accept", "chunk", "field_thin", "init_redraw",
-                                                "chains_per_run", "sampler"))
 SAMPLERS = ("sharded", "numpyro")
+KERNELS = ("nuts", "hmc", "mclmc")
+INTEGRATORS = ("mclachlan", "leapfrog")
 
 
 @dataclass
@@ -259,7 +257,8 @@ class InferenceConfig:
     """``fli-map`` (``map``) and ``fli-nuts`` (the rest): see docs/nuts.md."""
 
     map: MapConfig = field(default_factory=MapConfig)
-    kernel: str = "nuts"  # "nuts" | "hmc" (NumPyro's kernels on the flat latent)
+    kernel: str = "nuts"  # "nuts" | "hmc" (NumPyro's kernels) | "mclmc" (fli.infer.mclmc; sampler=sharded)
+    integrator: str = "mclachlan"  # MCLMC's splitting of a step: "mclachlan" (2 gradients) | "leapfrog" (1)
     num_warmup: int = 200  # warm-up transitions: step size and diagonal mass matrix adapted
     num_samples: int = 200  # draws after warm-up (may be raised to extend a run)
     max_tree_depth: int = 6  # NUTS
@@ -276,7 +275,8 @@ class InferenceConfig:
         for k in ("num_samples", "max_tree_depth", "num_steps", "chunk", "field_thin"):
             _check(getattr(self, k) >= 1, f"inference.{k}", ">= 1", getattr(self, k))
         _check(self.num_warmup >= 0, "inference.num_warmup", ">= 0", self.num_warmup)
-        _check(self.kernel in ("nuts", "hmc"), "inference.kernel", "'nuts' or 'hmc'", self.kernel)
+        _check(self.kernel in KERNELS, "inference.kernel", "'nuts', 'hmc' or 'mclmc'", self.kernel)
+        _check(self.integrator in INTEGRATORS, "inference.integrator", "'mclachlan' or 'leapfrog'", self.integrator)
         _check(_finite(self.target_accept) and 0 < self.target_accept < 1, "inference.target_accept",
                "in (0, 1)", self.target_accept)
         _check(_finite(self.step_size) and self.step_size > 0, "inference.step_size", "> 0", self.step_size)
@@ -285,6 +285,8 @@ class InferenceConfig:
         _check(self.init_redraw in INIT_REDRAWS, "inference.init_redraw", "'wiener' or 'none'", self.init_redraw)
         _check(self.chains_per_run >= 1, "inference.chains_per_run", ">= 1", self.chains_per_run)
         _check(self.sampler in SAMPLERS, "inference.sampler", "'sharded' or 'numpyro'", self.sampler)
+        _check(self.kernel != "mclmc" or self.sampler == "sharded", "inference.sampler",
+               "'sharded' with inference.kernel=mclmc (MCLMC runs on the flat latent)", self.sampler)
 
 
 @dataclass
@@ -325,6 +327,10 @@ class DiagnoseConfig:
     divergence_warn: float = 0.001  # fraction of post-warm-up draws; none passes
     tree_depth_pass: float = 0.05  # fraction of draws at the run's max_tree_depth < tree_depth_pass
     tree_depth_warn: float = 0.20
+    # MCLMC: Var(energy error) / dimension, which its warm-up tunes to 5e-4 (fli/infer/mclmc.py);
+    # its bias grows with it
+    energy_error_pass: float = 1e-3
+    energy_error_warn: float = 1e-2
     figures: bool = True
     residual_draws: int = 3  # thinned draws shown in the posterior-predictive residual maps
 
@@ -340,6 +346,9 @@ class DiagnoseConfig:
         _check(_finite(self.tree_depth_pass, self.tree_depth_warn)
                and 0 < self.tree_depth_pass <= self.tree_depth_warn <= 1, "diagnose.tree_depth_pass/tree_depth_warn",
                "fractions 0 < tree_depth_pass <= tree_depth_warn <= 1", (self.tree_depth_pass, self.tree_depth_warn))
+        _check(_finite(self.energy_error_pass, self.energy_error_warn)
+               and 0 < self.energy_error_pass <= self.energy_error_warn, "diagnose.energy_error_pass/energy_error_warn",
+               "0 < energy_error_pass <= energy_error_warn", (self.energy_error_pass, self.energy_error_warn))
         _check(self.residual_draws >= 0, "diagnose.residual_draws", ">= 0", self.residual_draws)
 
 

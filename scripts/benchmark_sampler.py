@@ -64,8 +64,8 @@ def memory_one(overrides: list[str], pdims: tuple[int, int], sampler: str, depth
     import numpy as np  # noqa: PLC0415
 
     from fli.cli.common import compose  # noqa: PLC0415
+    from fli.infer.kernels import make_kernel  # noqa: PLC0415
     from fli.infer.model import build_posterior, make_data  # noqa: PLC0415
-    from fli.infer.sampler import make_kernel  # noqa: PLC0415
     from fli.sharding import make_mesh  # noqa: PLC0415
 
     cfg, _ = compose([*overrides, f"distributed.pdims=[{pdims[0]},{pdims[1]}]"])

@@ -51,7 +51,8 @@ from fli.manifest import check_kind, kind_of, read_manifest, write_manifest
 
 DIAGNOSTICS_JSON = "diagnostics.json"
 CHAINS_NC = "chains.nc"
-STAT_KEYS = ("diverging", "energy", "tree_depth", "n_steps", "step_size", "acceptance_rate", "lp", "gradient_evals")
+STAT_KEYS = ("diverging", "energy", "tree_depth", "n_steps", "step_size", "acceptance_rate", "lp", "gradient_evals",
+             "energy_error")  # energy_error: MCLMC's (NaN for NUTS and HMC; absent from runs made before it)
 VERDICTS = ("pass", "warn", "fail")
 # exit statuses: a verdict's, apart from bad input's 2 (every fli command's) and a crash's 1
 EXIT_STATUS = {"pass": 0, "warn": 3, "fail": 4}
@@ -213,7 +214,8 @@ def combine(chains: list[Chain]):
         import arviz as az  # noqa: PLC0415
 
         idata = az.from_dict(posterior={k: stack(lambda c, k=k: c.draws[k]) for k in names},
-                             sample_stats={k: stack(lambda c, k=k: c.stats[k]) for k in STAT_KEYS},
+                             sample_stats={k: stack(lambda c, k=k: c.stats[k]) for k in STAT_KEYS
+                                           if all(k in c.stats for c in chains)},
                              attrs={"runs": json.dumps([str(c.run) for c in chains]), "draws_per_chain": n})
         add_field_summaries(idata, {k: stack(lambda c, k=k: c.pk[k]) for k in ("pk_white_noise", "pk_linear")},
                             chains[0].k)
@@ -278,7 +280,7 @@ def sampler_health(idata, chains: list[Chain]) -> dict:
 
     st = idata.sample_stats
     with quiet_arviz():
-        bfmi = np.asarray(az.bfmi(idata), float)
+        bfmi = np.asarray(az.bfmi(idata), float)  # NaN for MCLMC, which has no Hamiltonian to read
     div = np.asarray(st["diverging"], bool)
     depth = np.asarray(st["tree_depth"])
     per = []
@@ -291,12 +293,17 @@ def sampler_health(idata, chains: list[Chain]) -> dict:
                     "tree_depth_saturation": sat, "max_tree_depth": maxd if kernel == "nuts" else None,
                     "kernel": kernel, "mean_tree_depth": _f(depth[j].mean()),
                     "step_size": _f(np.mean(st["step_size"][j])),
-                    "acceptance": _f(np.mean(st["acceptance_rate"][j]))})
+                    "acceptance": _f(np.mean(st["acceptance_rate"][j])),
+                    # MCLMC: the energy error's variance per dimension, which its warm-up tunes to 5e-4
+                    "energy_error_var_per_dim": _f(np.nanmean(np.asarray(st["energy_error"][j]) ** 2))
+                    if kernel == "mclmc" and "energy_error" in st else None})
     sats = [p["tree_depth_saturation"] for p in per if p["tree_depth_saturation"] is not None]
+    errs = [p["energy_error_var_per_dim"] for p in per if p["energy_error_var_per_dim"] is not None]
     return {"per_chain": per, "divergences": int(div.sum()), "draws": int(div.size),
             "divergence_fraction": float(div.mean()),
             "ebfmi_min": _f(np.min(bfmi)) if np.all(np.isfinite(bfmi)) else None,
-            "tree_depth_saturation_max": max(sats) if sats else None}
+            "tree_depth_saturation_max": max(sats) if sats else None,
+            "energy_error_max": max(errs) if errs else None}
 
 
 def efficiency(conv: dict, chains: list[Chain], n: int) -> dict:
@@ -364,8 +371,16 @@ def checks(conv: dict, field: dict, health: dict, d: DiagnoseConfig) -> list[dic
     worst_chain = None
     if v is not None:
         worst_chain = min(health["per_chain"], key=lambda p: p["ebfmi"])["run"]
-    add("ebfmi", "smallest E-BFMI of the chains", v, _band(v, lambda x: x > d.bfmi_pass, lambda x: x > d.bfmi_warn),
-        f"pass > {d.bfmi_pass}, warn > {d.bfmi_warn}", worst_chain)
+    if all(p["kernel"] == "mclmc" for p in health["per_chain"]):
+        add("ebfmi", "E-BFMI (MCLMC: not applicable, it has no Hamiltonian energy)", None, "n/a", "NUTS and HMC only")
+        v = health.get("energy_error_max")
+        add("energy_error", "largest variance per dimension of a chain's energy error (MCLMC)", v,
+            _band(v, lambda x: x < d.energy_error_pass, lambda x: x < d.energy_error_warn),
+            f"pass < {d.energy_error_pass:g}, warn < {d.energy_error_warn:g}")
+    else:
+        add("ebfmi", "smallest E-BFMI of the chains", v,
+            _band(v, lambda x: x > d.bfmi_pass, lambda x: x > d.bfmi_warn), f"pass > {d.bfmi_pass}, "
+            f"warn > {d.bfmi_warn}", worst_chain)
     frac = health["divergence_fraction"]
     add("divergences", f"divergences after warm-up ({health['divergences']} of {health['draws']} draws)", frac,
         _band(frac, lambda x: x == 0, lambda x: x < d.divergence_warn),

@@ -25,7 +25,7 @@ from fli.infer.run_store import POSTERIOR_NC, read_chunks
 from fli.sharding import replicated_to_host
 
 STAT_KEYS = ("diverging", "energy", "potential_energy", "tree_depth", "n_steps", "step_size", "acceptance_rate",
-             "gradient_evals", "lp")
+             "energy_error", "gradient_evals", "lp")  # energy_error: absent from runs made before MCLMC
 SPECTRA = ("pk_white_noise", "pk_linear")
 
 
@@ -97,7 +97,7 @@ def write_inference_data(run_dir: Path, names, obs_summary: dict, attrs: dict) -
         keys = reported_names(names)
 
         def split(d, which, mask):
-            return {k: np.asarray(d[k])[mask][None] for k in which}
+            return {k: np.asarray(d[k])[mask][None] for k in which if k in d}
 
         st = dict(c["stats"])
         st["lp"] = -st["potential_energy"]

@@ -8,8 +8,9 @@ Run directory::
     chunks/chunk_00003/         one per complete chunk (a directory renamed into place last):
       draws.npz                 draw index, warm-up flag, the sampled parameters, Omega_m, S8
       stats.npz                 diverging, energy, potential_energy, tree_depth, n_steps,
-                                step_size, acceptance_rate, mean_accept_prob, gradient_evals
-                                (cumulative), seconds (cumulative)
+                                step_size, acceptance_rate, mean_accept_prob, energy_error
+                                (MCLMC's, / sqrt(dim); NaN for NUTS, HMC), gradient_evals (cumulative),
+                                seconds (cumulative)
       spectra.npz               k, P(k) of the white noise and of the linear field per draw
       fields.zarr               every field_thin-th draw: white noise and noiseless kappa
     running.zarr                Welford mean and variance over all post-warm-up draws of the
@@ -168,6 +169,7 @@ def write_chunk(run_dir: Path, i: int, first_draw: int, num_warmup: int, draws, 
              "potential_energy": host(info.potential_energy), "tree_depth": host(info.tree_depth),
              "n_steps": host(info.num_steps), "step_size": host(info.step_size),
              "acceptance_rate": host(info.accept_prob), "mean_accept_prob": host(info.mean_accept_prob),
+             "energy_error": host(info.energy_error),
              "gradient_evals": host(draws.grads), "seconds": seconds}
     savez(tmp / "stats.npz", draw=idx, **stats)
     savez(tmp / "spectra.npz", draw=idx, k=np.asarray(k), pk_white_noise=host(draws.pk_s), pk_linear=host(draws.pk_lin))

@@ -31,6 +31,7 @@ from fli.infer import checkpoint as ckpt
 from fli.infer.chunk import Accum, Draws, accum_of_chain, make_chunk, take_chain, zero_accum
 from fli.infer.config_keys import SAMPLING_MAY_CHANGE, check_resumable
 from fli.infer.inference_data import kappa_summary, write_combined_inference_data, write_inference_data
+from fli.infer.kernels import make_kernel
 from fli.infer.layout import FLAT_SPEC
 from fli.infer.model import Posterior
 from fli.infer.params import reported_names
@@ -47,7 +48,7 @@ from fli.infer.run_store import (
     write_config,
     write_running,
 )
-from fli.infer.sampler import Kernel, make_kernel
+from fli.infer.sampler import Kernel
 from fli.infer.start import chain_keys, initial_point
 from fli.lensing import KAPPA_SPEC
 from fli.manifest import check_kind, check_same_observation, read_manifest, write_manifest
@@ -63,7 +64,8 @@ def kernel_of(cfg: Config, post: Posterior) -> Kernel:
     """The kernel of a run's ``inference`` config."""
     i = cfg.inference
     return make_kernel(post, i.sampler, kernel=i.kernel, num_warmup=i.num_warmup, target_accept=i.target_accept,
-                       max_tree_depth=i.max_tree_depth, num_steps=i.num_steps, step_size=i.step_size)
+                       max_tree_depth=i.max_tree_depth, num_steps=i.num_steps, step_size=i.step_size,
+                       integrator=i.integrator)
 
 
 def _state(kstate, acc: Accum) -> dict:
@@ -248,11 +250,17 @@ def _progress(log, icfg, done, total, draws: Draws, acc: Accum, per_draw, n_div,
     warm = min(done, icfg.num_warmup)
     left = (total - done) * per_draw
     steps = np.atleast_1d(np.asarray(info.step_size)[-1])
-    log.info("chunk %d: draws %d/%d (warm-up %d/%d), step size %s, tree depth %.1f (max %d), accept %.2f, "
-             "divergences after warm-up %d, gradient evaluations %d, %.2f s/draw, %s left", i, done, total, warm,
-             icfg.num_warmup, " ".join(f"{x:.3g}" for x in steps), float(np.mean(info.tree_depth)),
-             int(np.max(info.tree_depth)), float(np.mean(info.accept_prob)), n_div,
-             int(np.sum(replicated_to_host(acc.grads))), per_draw, _fmt_time(left))
+    if icfg.kernel == "mclmc":  # no tree, no acceptance: the energy error is what its step size is tuned by
+        err = np.asarray(info.energy_error, float)
+        what = (f"energy error variance per dimension {np.nanmean(err ** 2):.2g} (tuned to 5e-4 in the warm-up)"
+                if np.isfinite(err).any() else "energy error n/a")
+    else:
+        what = (f"tree depth {float(np.mean(info.tree_depth)):.1f} (max {int(np.max(info.tree_depth))}), "
+                f"accept {float(np.mean(info.accept_prob)):.2f}")
+    log.info("chunk %d: draws %d/%d (warm-up %d/%d), step size %s, %s, divergences after warm-up %d, gradient "
+             "evaluations %d, %.2f s/draw, %s left", i, done, total, warm, icfg.num_warmup,
+             " ".join(f"{x:.3g}" for x in steps), what, n_div, int(np.sum(replicated_to_host(acc.grads))), per_draw,
+             _fmt_time(left))
 
 
 def _fmt_time(s: float) -> str:
@@ -274,13 +282,17 @@ def _summary(run_dir: Path, icfg, post: Posterior, seconds: float, init_desc, wa
         "divergences_post_warmup": int(st["diverging"][~warm].sum()),
         "gradient_evals": int(st["gradient_evals"][-1]), "seconds_sampling": seconds, "seconds_this_run": wall,
         "step_size": float(st["step_size"][-1]), "mean_tree_depth": float(np.mean(st["tree_depth"][~warm]))
-        if (~warm).any() else None,
+        if (~warm).any() and icfg.kernel == "nuts" else None,
+        "energy_error_var_per_dim": float(np.nanmean(st["energy_error"][~warm] ** 2))
+        if (~warm).any() and icfg.kernel == "mclmc" else None,
         "params_mean": {k: float(np.mean(c["draws"][k][~warm])) for k in reported_names(post.names)}
         if (~warm).any() else None,
         "init": init_desc, "dim": post.dim, "pdims": list(post.fwd.grid.pdims),
         "energy_note": "energies are H minus a constant offset (attrs.energy_offset of posterior.nc): "
                        "float64 sums of float32 fields, see fli/infer/energy.py",
-        "warmup_note": "num_warmup from inference.num_warmup; NumPyro's windowed adaptation of the step size "
-                       "and the diagonal mass matrix runs over it",
+        "warmup_note": ("num_warmup from inference.num_warmup; MCLMC's step size (from the energy error) and "
+                        "trajectory length L (from the second half's variances) are tuned over it, fli/infer/mclmc.py"
+                        if icfg.kernel == "mclmc" else "num_warmup from inference.num_warmup; NumPyro's windowed "
+                        "adaptation of the step size and the diagonal mass matrix runs over it"),
     }
 

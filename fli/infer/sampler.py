@@ -44,12 +44,9 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fli.config import SAMPLERS
 from fli.infer.energy import offset_sum
 from fli.infer.layout import FLAT_SPEC
 from fli.infer.model import Posterior
-
-KERNELS = ("nuts", "hmc")
 
 
 class StepInfo(NamedTuple):
@@ -63,6 +60,7 @@ class StepInfo(NamedTuple):
     accept_prob: Any
     mean_accept_prob: Any
     step_size: Any
+    energy_error: Any  # MCLMC: the step's energy error / sqrt(dimension); NaN for NUTS and HMC
 
 
 def tree_depth(num_steps):
@@ -221,8 +219,8 @@ def numpyro_kernel(post: Posterior, latent: LatentLayout, kernel: str = "nuts", 
     """
     from numpyro.infer.hmc import hmc  # noqa: PLC0415
 
-    if kernel not in KERNELS:
-        raise ValueError(f"inference.kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel not in ("nuts", "hmc"):
+        raise ValueError(f"NumPyro's kernels are 'nuts' and 'hmc', got {kernel!r}")
     num_warmup, num_steps, max_tree_depth = int(num_warmup), int(num_steps), int(max_tree_depth)
     init_kernel, sample_kernel = hmc(potential_fn_gen=latent.potential_gen,
                                      kinetic_fn=kinetic_energy(latent.dim, pytree=latent.pytree),
@@ -254,7 +252,8 @@ def numpyro_kernel(post: Posterior, latent: LatentLayout, kernel: str = "nuts", 
         new = jax.lax.with_sharding_constraint(new, latent.shardings(new))
         depth = tree_depth(new.num_steps) if kernel == "nuts" else jnp.zeros((), jnp.int32)
         info = StepInfo(new.potential_energy, new.energy, new.diverging, new.num_steps, depth, new.accept_prob,
-                        new.mean_accept_prob, new.adapt_state.step_size)
+                        new.mean_accept_prob, new.adapt_state.step_size,
+                        jnp.full((), jnp.nan, jnp.result_type(new.potential_energy)))
         return new, info
 
     def template(z0, keys, data):
@@ -265,11 +264,3 @@ def numpyro_kernel(post: Posterior, latent: LatentLayout, kernel: str = "nuts", 
 
     return Kernel(name=kernel, latent=latent, init=init, step=step, latents=latent.latents,
                   iteration=lambda state: state.i, template=template, shardings=latent.shardings)
-
-
-def make_kernel(post: Posterior, sampler: str = "sharded", **kw) -> Kernel:
-    """The kernel of ``inference.sampler`` (``sharded`` or ``numpyro``) with the keyword
-    arguments of :func:`numpyro_kernel`."""
-    if sampler not in SAMPLERS:
-        raise ValueError(f"inference.sampler must be one of {SAMPLERS}, got {sampler!r}")
-    return numpyro_kernel(post, LATENTS[sampler](post), **kw)

@@ -167,6 +167,30 @@ def test_a_too_short_chain_is_flagged(tmp_path, config):
     assert v["ess_bulk"] == "fail" and v["ess_tail"] == "fail" and report["verdict"] == "fail"
 
 
+@pytest.mark.parametrize("variance, verdict", [(5e-4, "pass"), (5e-3, "warn"), (5e-2, "fail")])
+def test_mclmc_chains_are_judged_by_their_energy_error_not_ebfmi_or_tree_depth(tmp_path, config, variance, verdict):
+    """MCLMC has no Hamiltonian energy (NaN in stats.npz) and no tree: E-BFMI and tree depth are
+    n/a, and the energy error's variance per dimension (the mean square of the stored
+    energy_error, which is divided by sqrt(dim)) is checked against diagnose.energy_error_*."""
+    import copy
+
+    cfg = copy.deepcopy(config)
+    cfg["inference"]["kernel"] = "mclmc"
+    runs = []
+    for j in range(4):
+        draws, stats, spectra = healthy(seed=j)
+        m = draws["draw"].size
+        rng = np.random.default_rng(10 + j)
+        stats.update(energy=np.full(m, np.nan), tree_depth=np.zeros(m, int), n_steps=np.full(m, 2),
+                     gradient_evals=1 + 2 * np.arange(1, m + 1), energy_error=math.sqrt(variance) * rng.normal(size=m))
+        runs.append(write_chain(tmp_path / f"c{j}", cfg, (draws, stats, spectra), seed=j))
+    v, report, _, _ = verdicts(runs)
+    assert v["ebfmi"] == "n/a" and v["tree_depth"] == "n/a"
+    assert v["energy_error"] == verdict, report["checks"]
+    err = next(c for c in report["checks"] if c["check"] == "energy_error")
+    assert err["value"] == pytest.approx(variance, rel=0.15)  # the mean square of 1000 draws: +-4.5 %
+
+
 def test_bands_are_the_issue_table():
     d = DiagnoseConfig()
     assert dg._band(1.009, lambda x: x < d.rhat_pass, lambda x: x < d.rhat_warn) == "pass"

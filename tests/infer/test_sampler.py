@@ -16,6 +16,7 @@ import pytest
 
 from fli.sharding import hlo_collectives as collectives
 from tests.helpers.posterior import small_posterior
+from tests.helpers.targets import Gaussian
 
 # a field of 16 x 16 x 32 on (2, 4): blocks of 8 x 4 x 32 hold the halo of 2 comfortably
 FIELD16 = ["simulation.mesh=[16,16,32]"]
@@ -31,7 +32,7 @@ def beyond_the_forward(ops: Counter, own: Counter, n_small: int) -> list:
 
 
 def _step_hlo(post, data, sampler: str) -> str:
-    from fli.infer.sampler import make_kernel
+    from fli.infer.kernels import make_kernel
 
     lay = post.layout
     kernel = make_kernel(post, sampler, kernel="nuts", num_warmup=10, max_tree_depth=4)
@@ -131,23 +132,6 @@ def test_the_map_step_gathers_no_field_and_its_state_stays_sharded(post8, optimi
     block = (g.shape[0] // g.pdims[0], g.shape[1] // g.pdims[1], g.shape[2])
     for shape, sh in leaves:
         assert tuple(sh.shard_shape(shape))[-3:] == block, (shape, sh)
-
-
-class Gaussian:
-    """A target whose posterior is known: independent normals with scales 0.5 to 1.5 on the
-    flat layout of a small field; quacks like the :class:`Posterior` a kernel reads."""
-
-    def __init__(self, mesh, shape=(8, 8, 4), n_params=2):
-        from fli.infer.layout import FlatLayout
-
-        self.layout = FlatLayout(shape, mesh, n_params)
-        self.dim = self.layout.size
-
-    def scales(self, dtype=jnp.float32):
-        return 1.0 + 0.5 * jnp.sin(jnp.arange(self.layout.size, dtype=dtype))
-
-    def potential_flat(self, z, data, precise=False):
-        return 0.5 * jnp.sum((z / self.scales(z.dtype)) ** 2)
 
 
 def _sharded_chain(target, z0, keys, n_warm, n, depth=5):

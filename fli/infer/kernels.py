@@ -1,0 +1,26 @@
+"""Every kernel behind the seam of :mod:`fli.infer.sampler`, by name: NumPyro's NUTS and HMC
+(:func:`~fli.infer.sampler.numpyro_kernel`) and fli's MCLMC (:mod:`fli.infer.mclmc`), on the
+latent of ``inference.sampler``. A module of its own so that the seam imports no kernel."""
+
+from __future__ import annotations
+
+from fli.config import KERNELS, SAMPLERS
+from fli.infer.mclmc import mclmc_kernel
+from fli.infer.model import Posterior
+from fli.infer.sampler import LATENTS, Kernel, numpyro_kernel
+
+
+def make_kernel(post: Posterior, sampler: str = "sharded", kernel: str = "nuts", integrator: str = "mclachlan",
+                **kw) -> Kernel:
+    """The kernel ``kernel`` on the latent of ``inference.sampler`` (``sharded`` or
+    ``numpyro``): NumPyro's NUTS or HMC (:func:`numpyro_kernel`, with ``kw``), or MCLMC
+    (:func:`fli.infer.mclmc.mclmc_kernel`, which reads ``num_warmup`` and ``step_size`` of
+    ``kw`` and its own ``integrator``)."""
+    if sampler not in SAMPLERS:
+        raise ValueError(f"inference.sampler must be one of {SAMPLERS}, got {sampler!r}")
+    if kernel not in KERNELS:
+        raise ValueError(f"inference.kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "mclmc":
+        return mclmc_kernel(post, LATENTS[sampler](post), num_warmup=kw.get("num_warmup", 100),
+                            step_size=kw.get("step_size", 0.1), integrator=integrator)
+    return numpyro_kernel(post, LATENTS[sampler](post), kernel=kernel, **kw)

@@ -1,0 +1,210 @@
+"""Microcanonical Langevin Monte Carlo (MCLMC, unadjusted) on the flat sharded latent.
+
+The dynamics keep the velocity ``u`` on the unit sphere (``|u| = 1``) and move the position
+``z`` at unit speed; the force ``-dU/dz`` turns ``u`` and never changes its length, and a
+partial refresh of ``u`` after each step (Langevin noise on the sphere, decay ``exp(-eps/L)``)
+makes the chain ergodic. Its stationary distribution in ``z`` is ``exp(-U)`` in the limit of
+small steps; a finite step biases it, by an amount that the energy error measures. No
+Metropolis test corrects it (Robnik, De Luca, Silverstein & Seljak 2023, arXiv:2212.08549).
+
+The velocity update under a constant force over a step has a closed form (the component of
+``u`` along the force follows ``tanh``); :func:`velocity_update` writes it with
+``exp(-delta)`` so that it is stable for any step, and returns the change of the dynamics'
+kinetic energy, ``(d - 1) log`` of the shrink of the component across the force, so that the
+energy error of a step is ``dU + dK``. Two splittings of a step (:data:`INTEGRATORS`): the
+leapfrog (one gradient) and McLachlan's minimal-norm one (two gradients, about 10x smaller
+error for the same step; the default).
+
+Every vector (position, velocity, gradient, the warm-up's moments) is the flat sharded
+latent of :mod:`fli.infer.layout`: the dynamics' only non-local operations are the norms and
+inner products, each a local sum and one all-reduce of a scalar.
+
+Tuning, inside the state, during the warm-up (``i < num_warmup``):
+
+* the step size, so that the energy error's variance per dimension is :data:`TARGET`: for a
+  second-order splitting ``dE^2 / d`` grows as ``eps^6``, so each step's
+  ``xi = dE^2 / (d TARGET)`` estimates the constant ``xi / eps^6``, averaged with a weight
+  that discounts steps far from the target, and ``eps = average^(-1/6)``. The first half of
+  the warm-up forgets old steps (decay :data:`DECAY`: the chain is still finding the typical
+  set); the second half averages all its steps, so that the step size it ends with is not
+  one noisy step's (with decay 0.95 throughout, the small mock's energy error after a
+  100-transition warm-up was 9x the target). A step whose ``xi`` exceeds :data:`DIVERGED` (or is not finite) is a
+  divergence: it is undone (position and gradient kept, the velocity refreshed) and the step
+  size shrinks by :data:`SHRINK`;
+* the trajectory length ``L``, from ``sqrt(d)`` at the start to ``sqrt(sum Var z)`` over the
+  warm-up's second half (a Welford pass), set at its last transition.
+
+After the warm-up both are fixed. A divergence after it is still undone and reported.
+
+Each transition reports its energy error divided by ``sqrt(d)`` (:class:`StepInfo`'s
+``energy_error``, the runs' ``stats.npz``): its mean square is the variance per dimension
+that the warm-up aims at and fli-diagnose checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fli.infer.sampler import Kernel, LatentLayout, StepInfo
+
+LAMBDA = 0.1931833275037836  # McLachlan's minimal-norm splitting (B lam A 1/2 B 1-2lam A 1/2 B lam)
+INTEGRATORS = {
+    # (velocity-update fractions, position-update fractions) of one step, alternating B A B ...
+    "leapfrog": ((0.5, 0.5), (1.0,)),
+    "mclachlan": ((LAMBDA, 1.0 - 2.0 * LAMBDA, LAMBDA), (0.5, 0.5)),
+}
+TARGET = 5e-4  # energy-error variance per dimension the warm-up tunes the step size to
+DECAY = 0.95  # the first half of the warm-up's step-size average forgets a step over ~20 steps
+SHRINK = 0.8  # step-size factor after a divergence during the warm-up
+DIVERGED = 1e4  # xi = dE^2 / (d TARGET) beyond this (|dE| 100x the target's sd) is a divergence
+MIN_STEP = 1e-5  # the step size is kept above it (eps^6 stays a normal float32)
+
+
+class MclmcState(NamedTuple):
+    """One chain's state (a leading chain axis where several are held)."""
+
+    z: Any  # position, the flat latent [size]
+    u: Any  # unit velocity [size]
+    potential: Any  # U(z) - energy offset (precise)
+    grad: Any  # dU/dz [size]
+    rng_key: Any
+    i: Any  # transitions done, warm-up included (int32)
+    step_size: Any
+    L: Any  # trajectory length: the velocity's decay length of the partial refresh
+    xi_avg: Any  # the warm-up's weighted average of xi / eps^6, and its weights
+    w_avg: Any
+    n_z: Any  # the warm-up's second half: Welford count, mean and squared deviations of z
+    mean_z: Any
+    m2_z: Any
+
+
+def _dot(a, b):
+    return jnp.sum(a * b)
+
+
+def velocity_update(u, grad, eps, d):
+    """``u`` after a time ``eps`` under the constant force ``-grad`` on the unit sphere of
+    ``d`` dimensions, and the kinetic-energy change ``dK``.
+
+    With ``e`` the force's direction, ``ue = u . e`` and ``delta = eps |grad| / (d - 1)``, the
+    component along ``e`` goes to ``tanh(delta + artanh(ue))`` and the rest shrinks by
+    ``r = 2 zeta / D``, ``zeta = exp(-delta)``, ``D = 2 - (1 - ue)(1 - zeta^2)``;
+    ``dK = -(d - 1) log r``."""
+    g = jnp.sqrt(_dot(grad, grad))
+    e = -grad / jnp.maximum(g, jnp.finfo(grad.dtype).tiny)
+    ue = jnp.clip(_dot(u, e), -1.0, 1.0)
+    delta = eps * g / (d - 1)
+    zeta = jnp.exp(-delta)
+    one_minus_z2 = -jnp.expm1(-2.0 * delta)
+    D = 2.0 - (1.0 - ue) * one_minus_z2
+    new = (e * (one_minus_z2 + ue * (1.0 - zeta) ** 2) + 2.0 * zeta * u) / D
+    new = new / jnp.sqrt(_dot(new, new))
+    dK = (d - 1) * (delta + jnp.log1p(-0.5 * (1.0 - ue) * one_minus_z2))
+    return new, dK
+
+
+def integrate(value_and_grad, z, u, potential, grad, eps, d, integrator="mclachlan"):
+    """One step of the splitting ``integrator`` from ``(z, u)`` (``potential``, ``grad`` at
+    ``z``): ``(z, u, potential, grad, energy_error)``."""
+    bs, as_ = INTEGRATORS[integrator]
+    dK = jnp.zeros((), potential.dtype)
+    u, k = velocity_update(u, grad, bs[0] * eps, d)
+    dK = dK + k
+    U = potential
+    for a, b in zip(as_, bs[1:], strict=True):
+        z = z + (a * eps) * u
+        U, grad = value_and_grad(z)
+        u, k = velocity_update(u, grad, b * eps, d)
+        dK = dK + k
+    return z, u, U, grad, (U - potential) + dK
+
+
+def refresh(u, key, eps, L, d):
+    """Partial refresh: ``u`` decays by ``c = exp(-eps / L)`` towards an isotropic draw on the
+    sphere (Gaussian noise of variance ``(1 - c^2) / d`` per entry), renormalised."""
+    c = jnp.exp(-eps / L)
+    nu = jax.random.normal(key, u.shape, u.dtype)
+    new = c * u + jnp.sqrt(1.0 - c * c) * nu / jnp.sqrt(jnp.asarray(d, u.dtype))
+    return new / jnp.sqrt(_dot(new, new))
+
+
+def mclmc_kernel(post, latent: LatentLayout, num_warmup: int = 100, step_size: float = 0.1,
+                 integrator: str = "mclachlan") -> Kernel:
+    """Unadjusted MCLMC on ``latent`` (the sharded flat latent), tuned during ``num_warmup``
+    transitions from the first step size ``step_size``. One transition is one integrator step
+    (1 gradient for the leapfrog, 2 for McLachlan's) and a partial refresh."""
+    if latent.pytree:
+        raise ValueError("inference.kernel=mclmc runs on the flat latent: set inference.sampler=sharded")
+    if integrator not in INTEGRATORS:
+        raise ValueError(f"inference.integrator must be one of {tuple(INTEGRATORS)}, got {integrator!r}")
+    num_warmup, d = int(num_warmup), int(latent.dim)
+    n_grads = len(INTEGRATORS[integrator][1])
+    half = num_warmup // 2
+
+    def value_and_grad(data):
+        return jax.value_and_grad(latent.potential_gen(data))
+
+    def init_one(z0, key, data):
+        U, g = value_and_grad(data)(z0)
+        key, k_u = jax.random.split(key)
+        u = jax.random.normal(k_u, z0.shape, z0.dtype)
+        u = u / jnp.sqrt(_dot(u, u))
+        f = lambda x: jnp.asarray(x, z0.dtype)
+        return MclmcState(z0, u, U, g, key, jnp.zeros((), jnp.int32), f(step_size), f(jnp.sqrt(d)), f(0.0), f(0.0),
+                          jnp.zeros((), jnp.int32), jnp.zeros_like(z0), jnp.zeros_like(z0))
+
+    def chains_init(z0, keys, data):
+        return jax.vmap(init_one, in_axes=(0, 0, None))(z0, keys, data)
+
+    def init(z0, keys, data):
+        fn = jax.jit(chains_init, out_shardings=latent.shardings(jax.eval_shape(chains_init, z0, keys, data)))
+        return fn(z0, keys, data)
+
+    def step(state, data):
+        key, k_ref = jax.random.split(state.rng_key)
+        eps = state.step_size
+        z, u, U, g, dE = integrate(value_and_grad(data), state.z, state.u, state.potential, state.grad, eps, d,
+                                   integrator)
+        xi = dE * dE / (d * TARGET)
+        bad = ~(jnp.isfinite(dE) & jnp.isfinite(U) & (xi < DIVERGED))
+        keep = lambda new, old: jnp.where(bad, old, new)
+        z, u, U, g = keep(z, state.z), keep(u, state.u), keep(U, state.potential), keep(g, state.grad)
+        warm = state.i < num_warmup
+        # the step size: the weighted average of xi / eps^6 (a divergence shrinks it instead)
+        w = jnp.exp(-0.5 * (jnp.log(jnp.maximum(xi, 1e-30)) / 9.0) ** 2)
+        decay = jnp.where(state.i >= half, 1.0, DECAY)  # the second half averages all its steps
+        xi_avg = decay * state.xi_avg + w * xi / eps**6
+        w_avg = decay * state.w_avg + w
+        tuned = jnp.where(bad, SHRINK * eps, (xi_avg / jnp.maximum(w_avg, 1e-30)) ** (-1.0 / 6.0))
+        tuned = jnp.maximum(jnp.where(jnp.isfinite(tuned), tuned, SHRINK * eps), MIN_STEP)
+        new_eps = jnp.where(warm, tuned, eps)
+        xi_avg, w_avg = jnp.where(warm & ~bad, xi_avg, state.xi_avg), jnp.where(warm & ~bad, w_avg, state.w_avg)
+        # L: Welford over the warm-up's second half, read at its last transition
+        take = (warm & (state.i >= half) & ~bad).astype(jnp.int32)
+        n = state.n_z + take
+        dz = z - state.mean_z
+        mean_z = state.mean_z + take * dz / jnp.maximum(n, 1).astype(z.dtype)
+        m2_z = state.m2_z + take * dz * (z - mean_z)
+        var_sum = jnp.sum(m2_z) / jnp.maximum(n - 1, 1).astype(z.dtype)
+        last = warm & (state.i == num_warmup - 1) & (n >= 2)
+        L = jnp.where(last & (var_sum > 0), jnp.sqrt(var_sum), state.L)
+        u = refresh(u, k_ref, eps, state.L, d)
+        new = MclmcState(z, u, U, g, key, state.i + 1, new_eps, L, xi_avg, w_avg, n, mean_z, m2_z)
+        new = jax.lax.with_sharding_constraint(new, latent.shardings(new))
+        one = jnp.ones((), U.dtype)
+        info = StepInfo(potential_energy=U, energy=jnp.full((), jnp.nan, U.dtype), diverging=bad,
+                        num_steps=jnp.asarray(n_grads, jnp.int32), tree_depth=jnp.zeros((), jnp.int32),
+                        accept_prob=jnp.where(bad, 0.0, one), mean_accept_prob=one, step_size=eps,
+                        energy_error=jnp.where(bad, jnp.nan, dE / jnp.sqrt(jnp.asarray(d, dE.dtype))))
+        return new, info
+
+    def template(z0, keys, data):
+        shapes = jax.eval_shape(chains_init, z0, keys, data)
+        shard = latent.shardings(shapes)
+        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shard)
+
+    return Kernel(name="mclmc", latent=latent, init=init, step=step, latents=latent.latents,
+                  iteration=lambda state: state.i, template=template, shardings=latent.shardings)
