@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fli.infer.sampler import Kernel, LatentLayout, StepInfo
+from fli.infer.sampler import Kernel, LatentLayout, StepInfo, chains_of
 
 LAMBDA = 0.1931833275037836  # McLachlan's minimal-norm splitting (B lam A 1/2 B 1-2lam A 1/2 B lam)
 INTEGRATORS = {
@@ -156,12 +156,7 @@ def mclmc_kernel(post, latent: LatentLayout, num_warmup: int = 100, step_size: f
         return MclmcState(z0, u, U, g, key, jnp.zeros((), jnp.int32), f(step_size), f(jnp.sqrt(d)), f(0.0), f(0.0),
                           jnp.zeros((), jnp.int32), jnp.zeros_like(z0), jnp.zeros_like(z0))
 
-    def chains_init(z0, keys, data):
-        return jax.vmap(init_one, in_axes=(0, 0, None))(z0, keys, data)
-
-    def init(z0, keys, data):
-        fn = jax.jit(chains_init, out_shardings=latent.shardings(jax.eval_shape(chains_init, z0, keys, data)))
-        return fn(z0, keys, data)
+    init, template = chains_of(init_one, latent)
 
     def step(state, data):
         key, k_ref = jax.random.split(state.rng_key)
@@ -200,11 +195,6 @@ def mclmc_kernel(post, latent: LatentLayout, num_warmup: int = 100, step_size: f
                         accept_prob=jnp.where(bad, 0.0, one), mean_accept_prob=one, step_size=eps,
                         energy_error=jnp.where(bad, jnp.nan, dE / jnp.sqrt(jnp.asarray(d, dE.dtype))))
         return new, info
-
-    def template(z0, keys, data):
-        shapes = jax.eval_shape(chains_init, z0, keys, data)
-        shard = latent.shardings(shapes)
-        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shard)
 
     return Kernel(name="mclmc", latent=latent, init=init, step=step, latents=latent.latents,
                   iteration=lambda state: state.i, template=template, shardings=latent.shardings)

@@ -202,6 +202,25 @@ class Kernel(NamedTuple):
         return self.latent.layout_dependent
 
 
+def chains_of(init_one: Callable, latent: LatentLayout):
+    """A kernel's ``init`` and ``template`` from its one-chain ``init_one(z0, key, data)``: the
+    chains' states vmapped, jitted and placed by ``latent.shardings``."""
+
+    def chains_init(z0, keys, data):
+        return jax.vmap(init_one, in_axes=(0, 0, None))(z0, keys, data)
+
+    def init(z0, keys, data):
+        fn = jax.jit(chains_init, out_shardings=latent.shardings(jax.eval_shape(chains_init, z0, keys, data)))
+        return fn(z0, keys, data)
+
+    def template(z0, keys, data):
+        shapes = jax.eval_shape(chains_init, z0, keys, data)
+        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) if hasattr(s, "shape")
+                            else s, shapes, latent.shardings(shapes))
+
+    return init, template
+
+
 def numpyro_kernel(post: Posterior, latent: LatentLayout, kernel: str = "nuts", num_warmup: int = 100,
                    target_accept: float = 0.8, max_tree_depth: int = 6, num_steps: int = 16,
                    step_size: float = 0.1) -> Kernel:
@@ -234,12 +253,7 @@ def numpyro_kernel(post: Posterior, latent: LatentLayout, kernel: str = "nuts", 
                            adapt_mass_matrix=True, dense_mass=False, target_accept_prob=float(target_accept),
                            model_args=(data,), rng_key=key, **kw)
 
-    def chains_init(z0, keys, data):
-        return jax.vmap(init_one, in_axes=(0, 0, None))(z0, keys, data)
-
-    def init(z0, keys, data):
-        fn = jax.jit(chains_init, out_shardings=latent.shardings(jax.eval_shape(chains_init, z0, keys, data)))
-        return fn(z0, keys, data)
+    init, template = chains_of(init_one, latent)
 
     def step(state, data):
         # NumPyro's sample_kernel reads settings (tree depth, adaptation schedule) that its
@@ -255,12 +269,6 @@ def numpyro_kernel(post: Posterior, latent: LatentLayout, kernel: str = "nuts", 
                         new.mean_accept_prob, new.adapt_state.step_size,
                         jnp.full((), jnp.nan, jnp.result_type(new.potential_energy)))
         return new, info
-
-    def template(z0, keys, data):
-        shapes = jax.eval_shape(chains_init, z0, keys, data)
-        shard = latent.shardings(shapes)
-        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) if hasattr(s, "shape")
-                            else s, shapes, shard)
 
     return Kernel(name=kernel, latent=latent, init=init, step=step, latents=latent.latents,
                   iteration=lambda state: state.i, template=template, shardings=latent.shardings)
