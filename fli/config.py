@@ -248,7 +248,7 @@ class MapConfig:
 
 INIT_REDRAWS = ("wiener", "none")
 SAMPLERS = ("sharded", "numpyro")
-KERNELS = ("nuts", "hmc", "mclmc")
+KERNELS = ("nuts", "hmc", "mclmc", "adjusted_mclmc")
 INTEGRATORS = ("mclachlan", "leapfrog")
 
 
@@ -257,7 +257,7 @@ class InferenceConfig:
     """``fli-map`` (``map``) and ``fli-nuts`` (the rest): see docs/nuts.md."""
 
     map: MapConfig = field(default_factory=MapConfig)
-    kernel: str = "nuts"  # "nuts" | "hmc" (NumPyro's kernels) | "mclmc" (fli.infer.mclmc; sampler=sharded)
+    kernel: str = "nuts"  # "nuts" | "hmc" (NumPyro's) | "mclmc" | "adjusted_mclmc" (fli's; sampler=sharded)
     integrator: str = "mclachlan"  # MCLMC's splitting of a step: "mclachlan" (2 gradients) | "leapfrog" (1)
     num_warmup: int = 200  # warm-up transitions: step size and diagonal mass matrix adapted
     num_samples: int = 200  # draws after warm-up (may be raised to extend a run)
@@ -275,7 +275,7 @@ class InferenceConfig:
         for k in ("num_samples", "max_tree_depth", "num_steps", "chunk", "field_thin"):
             _check(getattr(self, k) >= 1, f"inference.{k}", ">= 1", getattr(self, k))
         _check(self.num_warmup >= 0, "inference.num_warmup", ">= 0", self.num_warmup)
-        _check(self.kernel in KERNELS, "inference.kernel", "'nuts', 'hmc' or 'mclmc'", self.kernel)
+        _check(self.kernel in KERNELS, "inference.kernel", "'nuts', 'hmc', 'mclmc' or 'adjusted_mclmc'", self.kernel)
         _check(self.integrator in INTEGRATORS, "inference.integrator", "'mclachlan' or 'leapfrog'", self.integrator)
         _check(_finite(self.target_accept) and 0 < self.target_accept < 1, "inference.target_accept",
                "in (0, 1)", self.target_accept)
@@ -285,8 +285,8 @@ class InferenceConfig:
         _check(self.init_redraw in INIT_REDRAWS, "inference.init_redraw", "'wiener' or 'none'", self.init_redraw)
         _check(self.chains_per_run >= 1, "inference.chains_per_run", ">= 1", self.chains_per_run)
         _check(self.sampler in SAMPLERS, "inference.sampler", "'sharded' or 'numpyro'", self.sampler)
-        _check(self.kernel != "mclmc" or self.sampler == "sharded", "inference.sampler",
-               "'sharded' with inference.kernel=mclmc (MCLMC runs on the flat latent)", self.sampler)
+        _check(not self.kernel.endswith("mclmc") or self.sampler == "sharded", "inference.sampler",
+               f"'sharded' with inference.kernel={self.kernel} (MCLMC runs on the flat latent)", self.sampler)
 
 
 @dataclass

@@ -5,6 +5,7 @@ latent of ``inference.sampler``. A module of its own so that the seam imports no
 from __future__ import annotations
 
 from fli.config import KERNELS, SAMPLERS
+from fli.infer.adjusted_mclmc import adjusted_mclmc_kernel
 from fli.infer.mclmc import mclmc_kernel
 from fli.infer.model import Posterior
 from fli.infer.sampler import LATENTS, Kernel, numpyro_kernel
@@ -13,9 +14,10 @@ from fli.infer.sampler import LATENTS, Kernel, numpyro_kernel
 def make_kernel(post: Posterior, sampler: str = "sharded", kernel: str = "nuts", integrator: str = "mclachlan",
                 **kw) -> Kernel:
     """The kernel ``kernel`` on the latent of ``inference.sampler`` (``sharded`` or
-    ``numpyro``): NumPyro's NUTS or HMC (:func:`numpyro_kernel`, with ``kw``), or MCLMC
-    (:func:`fli.infer.mclmc.mclmc_kernel`, which reads ``num_warmup`` and ``step_size`` of
-    ``kw`` and its own ``integrator``)."""
+    ``numpyro``): NumPyro's NUTS or HMC (:func:`numpyro_kernel`, with ``kw``), or MCLMC,
+    unadjusted (:func:`fli.infer.mclmc.mclmc_kernel`) or adjusted
+    (:func:`fli.infer.adjusted_mclmc.adjusted_mclmc_kernel`), which read ``num_warmup``,
+    ``step_size`` (and ``target_accept``, adjusted) of ``kw`` and their own ``integrator``."""
     if sampler not in SAMPLERS:
         raise ValueError(f"inference.sampler must be one of {SAMPLERS}, got {sampler!r}")
     if kernel not in KERNELS:
@@ -23,4 +25,8 @@ def make_kernel(post: Posterior, sampler: str = "sharded", kernel: str = "nuts",
     if kernel == "mclmc":
         return mclmc_kernel(post, LATENTS[sampler](post), num_warmup=kw.get("num_warmup", 100),
                             step_size=kw.get("step_size", 0.1), integrator=integrator)
+    if kernel == "adjusted_mclmc":
+        return adjusted_mclmc_kernel(post, LATENTS[sampler](post), num_warmup=kw.get("num_warmup", 100),
+                                     step_size=kw.get("step_size", 0.1), target_accept=kw.get("target_accept", 0.9),
+                                     integrator=integrator)
     return numpyro_kernel(post, LATENTS[sampler](post), kernel=kernel, **kw)

@@ -131,6 +131,19 @@ def refresh(u, key, eps, L, d):
     return new / jnp.sqrt(_dot(new, new))
 
 
+def variance_length(take, last, z, n, mean_z, m2_z, L):
+    """The warm-up's estimate of L: a Welford update of ``z``'s moments where ``take``, and at
+    ``last`` (with two draws or more) ``L = sqrt(sum of the variances)``; returns
+    ``(n, mean_z, m2_z, L)``."""
+    take = take.astype(jnp.int32)
+    n = n + take
+    dz = z - mean_z
+    mean_z = mean_z + take * dz / jnp.maximum(n, 1).astype(z.dtype)
+    m2_z = m2_z + take * dz * (z - mean_z)
+    var_sum = jnp.sum(m2_z) / jnp.maximum(n - 1, 1).astype(z.dtype)
+    return n, mean_z, m2_z, jnp.where(last & (n >= 2) & (var_sum > 0), jnp.sqrt(var_sum), L)
+
+
 def mclmc_kernel(post, latent: LatentLayout, num_warmup: int = 100, step_size: float = 0.1,
                  integrator: str = "mclachlan") -> Kernel:
     """Unadjusted MCLMC on ``latent`` (the sharded flat latent), tuned during ``num_warmup``
@@ -178,14 +191,8 @@ def mclmc_kernel(post, latent: LatentLayout, num_warmup: int = 100, step_size: f
         new_eps = jnp.where(warm, tuned, eps)
         xi_avg, w_avg = jnp.where(warm & ~bad, xi_avg, state.xi_avg), jnp.where(warm & ~bad, w_avg, state.w_avg)
         # L: Welford over the warm-up's second half, read at its last transition
-        take = (warm & (state.i >= half) & ~bad).astype(jnp.int32)
-        n = state.n_z + take
-        dz = z - state.mean_z
-        mean_z = state.mean_z + take * dz / jnp.maximum(n, 1).astype(z.dtype)
-        m2_z = state.m2_z + take * dz * (z - mean_z)
-        var_sum = jnp.sum(m2_z) / jnp.maximum(n - 1, 1).astype(z.dtype)
-        last = warm & (state.i == num_warmup - 1) & (n >= 2)
-        L = jnp.where(last & (var_sum > 0), jnp.sqrt(var_sum), state.L)
+        n, mean_z, m2_z, L = variance_length(warm & (state.i >= half) & ~bad, warm & (state.i == num_warmup - 1),
+                                             z, state.n_z, state.mean_z, state.m2_z, state.L)
         u = refresh(u, k_ref, eps, state.L, d)
         new = MclmcState(z, u, U, g, key, state.i + 1, new_eps, L, xi_avg, w_avg, n, mean_z, m2_z)
         new = jax.lax.with_sharding_constraint(new, latent.shardings(new))

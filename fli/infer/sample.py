@@ -254,6 +254,9 @@ def _progress(log, icfg, done, total, draws: Draws, acc: Accum, per_draw, n_div,
         err = np.asarray(info.energy_error, float)
         what = (f"energy error variance per dimension {np.nanmean(err ** 2):.2g} (tuned to 5e-4 in the warm-up)"
                 if np.isfinite(err).any() else "energy error n/a")
+    elif icfg.kernel == "adjusted_mclmc":
+        what = (f"accept {float(np.mean(info.accept_prob)):.2f}, "
+                f"{float(np.mean(info.num_steps)):.0f} gradients a transition")
     else:
         what = (f"tree depth {float(np.mean(info.tree_depth)):.1f} (max {int(np.max(info.tree_depth))}), "
                 f"accept {float(np.mean(info.accept_prob)):.2f}")
@@ -269,6 +272,16 @@ def _fmt_time(s: float) -> str:
     if s < 7200:
         return f"{s / 60:.1f} min"
     return f"{s / 3600:.1f} h"
+
+
+WARMUP_NOTES = {  # what each kernel tunes over its warm-up, for nuts.json
+    "nuts": "NumPyro's windowed adaptation of the step size and the diagonal mass matrix runs over it",
+    "hmc": "NumPyro's windowed adaptation of the step size and the diagonal mass matrix runs over it",
+    "mclmc": "MCLMC's step size (from the energy error) and trajectory length L (from the second half's "
+             "variances) are tuned over it, fli/infer/mclmc.py",
+    "adjusted_mclmc": "the step size (dual averaging to inference.target_accept) and L (from the second half's "
+                      "variances) are tuned over it, fli/infer/adjusted_mclmc.py",
+}
 
 
 def _summary(run_dir: Path, icfg, post: Posterior, seconds: float, init_desc, wall: float) -> dict:
@@ -290,9 +303,6 @@ def _summary(run_dir: Path, icfg, post: Posterior, seconds: float, init_desc, wa
         "init": init_desc, "dim": post.dim, "pdims": list(post.fwd.grid.pdims),
         "energy_note": "energies are H minus a constant offset (attrs.energy_offset of posterior.nc): "
                        "float64 sums of float32 fields, see fli/infer/energy.py",
-        "warmup_note": ("num_warmup from inference.num_warmup; MCLMC's step size (from the energy error) and "
-                        "trajectory length L (from the second half's variances) are tuned over it, fli/infer/mclmc.py"
-                        if icfg.kernel == "mclmc" else "num_warmup from inference.num_warmup; NumPyro's windowed "
-                        "adaptation of the step size and the diagonal mass matrix runs over it"),
+        "warmup_note": "num_warmup from inference.num_warmup; " + WARMUP_NOTES[icfg.kernel],
     }
 
