@@ -1,7 +1,8 @@
 """Figures of ``fli-diagnose`` (matplotlib, Agg; one process): each draws what
 :mod:`fli.infer.diagnose_fields` computed, and nothing else.
 
-ArviZ draws the trace, rank, pair (divergences, a mock's truth) and energy plots. The others:
+ArviZ draws the trace, rank, pair (divergences, a mock's truth) and energy plots; MCLMC chains,
+which have no Hamiltonian energy, get their energy error per transition instead. The others:
 the S8 posterior against its prior, the white noise's P(k) of the draws against the prior
 expectation, and with ``running.zarr`` and a mock's truth the posterior mean and standard
 deviation of the field (a slice), r(k) of the posterior mean with the truth, the posterior mass
@@ -21,10 +22,12 @@ from fli.infer.params import names_of_run
 from fli.plots import pyplot, save_figure
 
 
-def figures(idata, chains, data: dict, run_dir: Path, log: logging.Logger, notes: list[str]) -> dict:
+def figures(idata, chains, data: dict, run_dir: Path, log: logging.Logger, notes: list[str],
+            energy_error_pass: float | None = None) -> dict:
     """Draw every figure into ``run_dir`` from the InferenceData and ``data``
     (:func:`fli.infer.diagnose_fields.figure_data`); returns ``{name: path}``, adding to
-    ``notes`` what was skipped."""
+    ``notes`` what was skipped. ``energy_error_pass`` (diagnose's band) is drawn on the energy
+    errors of unadjusted MCLMC (the adjusted kernel's are held by its acceptance instead)."""
     import arviz as az  # noqa: PLC0415
 
     plt = pyplot()
@@ -58,7 +61,15 @@ def figures(idata, chains, data: dict, run_dir: Path, log: logging.Logger, notes
                                            reference_values=ref, figsize=(2.6 * len(pair),) * 2,
                                            reference_values_kwargs={"color": "C3", "marker": "x",
                                                                     "markersize": 9}))
-    arviz_fig("energy", lambda: az.plot_energy(idata, figsize=(6, 4)))
+    stats = idata.sample_stats
+    if "energy_error" in stats and not np.isfinite(np.asarray(stats["energy"])).any():
+        notes.append("energy: not drawn (MCLMC has no Hamiltonian energy; energy_error.png instead)")
+        unadjusted = all(c.config.get("inference", {}).get("kernel") == "mclmc" for c in chains)
+        draw("energy_error", lambda: energy_error(np.asarray(stats["energy_error"]),
+                                                  energy_error_pass if unadjusted else None,
+                                                  run_dir / "energy_error.png"))
+    else:
+        arviz_fig("energy", lambda: az.plot_energy(idata, figsize=(6, 4)))
     if data["prior_s8"] is not None:
         draw("s8_prior", lambda: s8_prior(idata, data["prior_s8"], ref, run_dir / "s8_prior.png"))
     if "field_pk" in data:
@@ -94,6 +105,33 @@ def s8_prior(idata, prior: np.ndarray, ref, path: Path) -> Path:
     ax.set_xlabel(r"$S_8 = \sigma_8 \sqrt{\Omega_m / 0.3}$")
     ax.set_ylabel("density")
     ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def energy_error(err: np.ndarray, band: float | None, path: Path) -> Path:
+    """MCLMC's energy error per transition over sqrt(dimension), ``err [chain, draw]``: its
+    trace and its histogram per chain, with a normal of variance ``band`` (the pass band of its
+    variance per dimension) for scale."""
+    plt = pyplot()
+    fig, ax = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
+    finite = err[np.isfinite(err)]
+    lim = max(float(np.max(np.abs(finite))) if finite.size else 1.0, 3 * np.sqrt(band) if band else 0.0)
+    bins = np.linspace(-lim, lim, 61)
+    for c, e in enumerate(err):
+        ms = float(np.nanmean(e**2))
+        ax[0].plot(e, lw=0.6, color=f"C{c % 10}", label=f"chain {c}: mean square {ms:.2g}")
+        ax[1].hist(e[np.isfinite(e)], bins=bins, density=True, histtype="step", color=f"C{c % 10}")
+    if band:
+        x = np.linspace(-lim, lim, 200)
+        ax[1].plot(x, np.exp(-0.5 * x**2 / band) / np.sqrt(2 * np.pi * band), "k--", lw=0.9,
+                   label=f"normal, variance {band:g} (the pass band)")
+        ax[1].legend(fontsize=7)
+    ax[0].set_xlabel("draw (after warm-up)")
+    ax[0].set_ylabel(r"energy error / $\sqrt{d}$")
+    ax[0].legend(fontsize=7)
+    ax[1].set_xlabel(r"energy error / $\sqrt{d}$")
+    ax[1].set_ylabel("density")
+    ax[0].set_title("MCLMC: the energy error of each transition", fontsize=10)
     return save_figure(fig, path)
 
 

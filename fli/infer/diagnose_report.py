@@ -19,6 +19,8 @@ CAPTIONS = {
     "rank": "Rank plots: uniform histograms when the chains mix.",
     "pair": "Pairs of the parameters; divergences in orange, the mock's truth as a cross.",
     "energy": "Energy: marginal energy against the energy transitions (E-BFMI per chain).",
+    "energy_error": "MCLMC's energy error per transition over sqrt(dimension), with a normal of the pass band's "
+                    "variance.",
     "s8_prior": "Posterior of S8 with its prior (sampled through PriorTransform).",
     "field_pk": "White noise of the draws: P(k) over the prior expectation (the cell volume).",
     "field_slices": "Initial white noise: posterior mean and sd (running.zarr), slice y = Ly/2, beside the truth.",

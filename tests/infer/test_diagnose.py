@@ -11,6 +11,7 @@ import json
 import math
 import shutil
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ import yaml
 
 from fli.config import DiagnoseConfig
 from fli.infer import diagnose as dg
+from fli.infer import diagnose_figures as dg_figures
 
 N_K = 6
 VCELL = 2.0  # (Mpc/h)^3, the prior expectation of the white noise's P(k)
@@ -167,28 +169,58 @@ def test_a_too_short_chain_is_flagged(tmp_path, config):
     assert v["ess_bulk"] == "fail" and v["ess_tail"] == "fail" and report["verdict"] == "fail"
 
 
-@pytest.mark.parametrize("variance, verdict", [(5e-4, "pass"), (5e-3, "warn"), (5e-2, "fail")])
-def test_mclmc_chains_are_judged_by_their_energy_error_not_ebfmi_or_tree_depth(tmp_path, config, variance, verdict):
-    """MCLMC has no Hamiltonian energy (NaN in stats.npz) and no tree: E-BFMI and tree depth are
-    n/a, and the energy error's variance per dimension (the mean square of the stored
-    energy_error, which is divided by sqrt(dim)) is checked against diagnose.energy_error_*."""
+def mclmc_runs(tmp_path, config, variance, kernel="mclmc", n=1000):
+    """Four healthy chains written as MCLMC's: no Hamiltonian energy (NaN in stats.npz), no
+    tree, and a normal energy error of ``variance`` per dimension."""
     import copy
 
     cfg = copy.deepcopy(config)
-    cfg["inference"]["kernel"] = "mclmc"
+    cfg["inference"]["kernel"] = kernel
     runs = []
     for j in range(4):
-        draws, stats, spectra = healthy(seed=j)
+        draws, stats, spectra = healthy(n=n, seed=j)
         m = draws["draw"].size
         rng = np.random.default_rng(10 + j)
         stats.update(energy=np.full(m, np.nan), tree_depth=np.zeros(m, int), n_steps=np.full(m, 2),
                      gradient_evals=1 + 2 * np.arange(1, m + 1), energy_error=math.sqrt(variance) * rng.normal(size=m))
         runs.append(write_chain(tmp_path / f"c{j}", cfg, (draws, stats, spectra), seed=j))
-    v, report, _, _ = verdicts(runs)
+    return runs
+
+
+@pytest.mark.parametrize("variance, verdict", [(5e-4, "pass"), (5e-3, "warn"), (5e-2, "fail")])
+def test_mclmc_chains_are_judged_by_their_energy_error_not_ebfmi_or_tree_depth(tmp_path, config, variance, verdict):
+    """MCLMC has no Hamiltonian energy (NaN in stats.npz) and no tree: E-BFMI and tree depth are
+    n/a, and the energy error's variance per dimension (the mean square of the stored
+    energy_error, which is divided by sqrt(dim)) is checked against diagnose.energy_error_*."""
+    v, report, _, _ = verdicts(mclmc_runs(tmp_path, config, variance))
     assert v["ebfmi"] == "n/a" and v["tree_depth"] == "n/a"
     assert v["energy_error"] == verdict, report["checks"]
     err = next(c for c in report["checks"] if c["check"] == "energy_error")
     assert err["value"] == pytest.approx(variance, rel=0.15)  # the mean square of 1000 draws: +-4.5 %
+
+
+@pytest.mark.parametrize("kernel", ["mclmc", "adjusted_mclmc"])
+def test_mclmc_chains_get_an_energy_error_figure_not_an_empty_energy_plot(tmp_path, config, kernel):
+    """ArviZ's energy plot of MCLMC's all-NaN energies is an empty frame (a user run drew one):
+    MCLMC chains get their energy errors drawn instead, whose lines hold every stored error, and
+    the report says why there is no energy plot. The pass band is drawn for the unadjusted
+    kernel only (the adjusted kernel's errors are held by its acceptance)."""
+    import matplotlib.image
+
+    runs = mclmc_runs(tmp_path, config, 5e-4, kernel, n=300)
+    seen = {}
+    real = dg_figures.energy_error
+    with mock.patch.object(dg_figures, "energy_error", side_effect=lambda err, band, path: seen.update(
+            err=err, band=band) or real(err, band, path)):
+        out = tmp_path / "diag"
+        _main([f"runs=[{','.join(map(str, runs))}]", f"run_dir={out}"])
+    rep = json.loads((out / "diagnostics.json").read_text())
+    assert not (out / "energy.png").exists() and "energy_error" in rep["figures"]
+    assert any(n.startswith("energy: not drawn (MCLMC") for n in rep["figure_notes"])
+    assert seen["err"].shape == (4, 300) and np.isfinite(seen["err"]).all()
+    assert seen["band"] == (DiagnoseConfig().energy_error_pass if kernel == "mclmc" else None)
+    img = matplotlib.image.imread(out / "energy_error.png")
+    assert img.std() > 0.05  # not a blank frame: the traces and histograms are drawn
 
 
 def test_bands_are_the_issue_table():
