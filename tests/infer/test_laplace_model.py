@@ -1,5 +1,5 @@
 """The marginal Laplace error of the real posterior (PM forward, traced light cone, lensing)
-against a brute-force one: the dense Hessian of an 8 x 8 x 16 field, inverted directly."""
+against a brute-force one: the dense Hessian of a 4 x 4 x 8 field, inverted directly."""
 
 import jax
 import jax.numpy as jnp
@@ -11,25 +11,28 @@ from fli.infer.model import Latents
 from tests.helpers.posterior import small_posterior
 
 
-def _dense(fn_vec, n, dim):
-    """Dense matrix of a linear map R^dim -> R^dim given by ``fn_vec(e)``, column by column."""
+def _dense(fn_vec, dim):
+    """Dense matrix of a linear map R^dim -> R^dim given by the jitted ``fn_vec(e)``, column by
+    column (a Python loop over one compiled program: ``lax.map`` compiled the HVP a second time,
+    60 s)."""
     eye = jnp.eye(dim)
-    return np.asarray(jax.lax.map(fn_vec, eye)).T
+    return np.stack([np.asarray(fn_vec(eye[i])) for i in range(dim)], axis=1)
 
 
-# The exact Hessian only: it is what fli-map's default (hessian="auto") takes first. Measured
-# alone: 277 s, of which 139 s compiled laplace's Schur program (51 s since that program has one
-# HVP site) and 52 s the dense columns' (1026 HVPs run in 40 s); 218 s with the one-site
-# program, beside another job. The Gauss-Newton variant cost another 196 s, nearly all
-# compiling; its Schur algebra is checked against a dense inverse in tests/infer/test_laplace.py
-# and its products J v, J^T u are the residual's JVP and VJP, which the model's
-# finite-difference gradient tests and tests/physics/test_second_order.py check on the PM forward.
-@pytest.mark.slow(seconds=200)
+# The exact Hessian only: it is what fli-map's default (hessian="auto") takes first. The
+# Gauss-Newton variant's Schur algebra is checked against a dense inverse in
+# tests/infer/test_laplace.py, and its products J v, J^T u are the residual's JVP and VJP, which
+# the model's finite-difference gradient tests and tests/physics/test_second_order.py check on
+# the PM forward. Compiling is nearly all of its cost, and it does not shrink with the field:
+# measured alone, phase by phase, on a 4 x 4 x 8 field and 2 lens planes, 7 s the
+# posterior, 67 s compiling the HVP, 16 s its 130 columns, 73 s laplace (its Schur program and
+# CG); 164 s in all, where the 8 x 8 x 16 field with 4 planes and lax.map took 318 s in CI.
+@pytest.mark.slow(seconds=170)
 def test_schur_complement_matches_the_dense_inverse():
     hessian = "exact"
     with jax.enable_x64(True):
-        post, data, lat = small_posterior((1, 1), extra=["simulation.mesh=[8,8,16]", "simulation.adjoint=reversible"],
-                                          dtype="float64")
+        post, data, lat = small_posterior((1, 1), dtype="float64", extra=[
+            "simulation.mesh=[4,4,8]", "lensing.n_planes=2", "simulation.adjoint=reversible"])
         n, shape = post.prior.n, post.fwd.grid.shape
         dim = n + int(np.prod(shape))
 
@@ -44,7 +47,7 @@ def test_schur_complement_matches_the_dense_inverse():
 
         x = jnp.concatenate([lat.theta, lat.s.reshape(-1)])
         g = jax.grad(U_vec)
-        H = _dense(jax.jit(lambda e: jax.grad(lambda y: jnp.vdot(g(y), e))(x)), n, dim)
+        H = _dense(jax.jit(lambda e: jax.grad(lambda y: jnp.vdot(g(y), e))(x)), dim)
         H = 0.5 * (H + H.T)
         htt, hts, hss = H[:n, :n], H[:n, n:], H[n:, n:]
         schur = htt - hts @ np.linalg.solve(hss, hts.T)
