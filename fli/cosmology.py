@@ -252,7 +252,12 @@ def _d2_start(p: Cosmology, a):
     return jnp.where(rad, d2, -3.0 / 7.0 * a ** 2), jnp.where(rad, d2p, -6.0 / 7.0 * a ** 2)
 
 
+@jax.jit
 def _solve(p: Cosmology) -> GrowthTable:
+    # jitted: its RK4 scan and Simpson sums are traced once per process and dtype, not at every
+    # growth factor, distance and power spectrum of every trace (a forward asks for ~6 tables,
+    # and tracing one, with its derivative in Omega_c, took ~0.5 s); inside an outer jit it is
+    # inlined, so what runs is unchanged
     dt = p.Omega_c.dtype
     dy = jnp.asarray(_DY, dt)
     ys = math.log(_A_MIN) + _DY * jnp.arange(_N_TO_ONE + _N_EXTRA + 1, dtype=dt)

@@ -113,9 +113,10 @@ class ForwardModel:
             return jnp.asarray(self.geometry.plane_a, self.grid.jdtype)
         return self.geometry.plane_a_of(cosmo).astype(self.grid.jdtype)
 
-    def a_steps(self, cosmo: Cosmology) -> Array:
-        """``[n_used + 1]`` PM step boundaries: ``a_start``, then the plane crossings, farthest first."""
-        a = self.plane_a(cosmo)
+    def a_steps(self, cosmo: Cosmology, plane_a: Array | None = None) -> Array:
+        """``[n_used + 1]`` PM step boundaries: ``a_start``, then the plane crossings
+        (``plane_a``, or :meth:`plane_a` of ``cosmo``), farthest first."""
+        a = self.plane_a(cosmo) if plane_a is None else plane_a
         return jnp.concatenate([jnp.asarray([self.a_start], a.dtype), a[::-1]])
 
     def __call__(self, cosmo: Cosmology, noise: Array, *, return_density: bool = False
@@ -133,11 +134,11 @@ class ForwardModel:
             if return_density:
                 rho = 1.0 + linear_field(cosmo, noise, self.grid, a[0])
             return kappa, ForwardAux(jnp.zeros((self.geometry.n_used,), dt), rho)
-        a_steps = self.a_steps(cosmo)
+        a = self.plane_a(cosmo)  # once: the steps end at the crossings, and the Born weights read them
         hook = plane_hook(self.geometry, self.grid)
-        st, planes, maxd = simulate(cosmo, noise, self.grid, a_steps, lpt_order=self.lpt_order, hook=hook,
-                                    adjoint=self.adjoint)
-        kappa = born_convergence(cosmo, planes, self.geometry, self.grid, self.bins, plane_a=self.plane_a(cosmo))
+        st, planes, maxd = simulate(cosmo, noise, self.grid, self.a_steps(cosmo, a), lpt_order=self.lpt_order,
+                                    hook=hook, adjoint=self.adjoint)
+        kappa = born_convergence(cosmo, planes, self.geometry, self.grid, self.bins, plane_a=a)
         rho = density(st.disp, self.grid) if return_density else None
         return kappa, ForwardAux(maxd, rho)
 
