@@ -113,7 +113,12 @@ class LatentLayout(NamedTuple):
     dim: int  # length of the vector NumPyro sees (the kinetic energy's offset is half of it)
     pytree: bool  # the latent is a pytree, raveled by NumPyro
     layout_dependent: bool  # its order depends on pdims: a checkpoint is reordered on another layout
-    potential_gen: Callable  # data -> (latent -> U - offset, precise)
+    # data -> (latent -> U - offset, precise). It calls one jitted function of (latent, data):
+    # the kernels differentiate it at several places of one program (NumPyro's init, its base
+    # tree and its subtree loop; MCLMC's integrator), and JAX caches a jitted function's trace
+    # and its linearisation, so the posterior is traced once per process instead of at each
+    # (4.9 s a trace of the small posterior's gradient; docs/benchmarks.md)
+    potential_gen: Callable
     to_latent: Callable  # a flat latent [size] -> the latent NumPyro sees
     unit_mass: Callable  # dtype -> ones [dim], placed
     latents: Callable  # one chain's state -> (theta, s)
@@ -139,9 +144,10 @@ def sharded_latent(post: Posterior) -> LatentLayout:
 
         return jax.tree.map(one, tree)
 
+    potential = jax.jit(lambda z, data: post.potential_flat(z, data, precise=True))  # traced once: see below
     return LatentLayout(
         name="sharded", dim=size, pytree=False, layout_dependent=True,
-        potential_gen=lambda data: lambda z: post.potential_flat(z, data, precise=True),
+        potential_gen=lambda data: lambda z: potential(z, data),
         to_latent=lambda flat: flat,
         unit_mass=lambda dtype: jax.lax.with_sharding_constraint(jnp.ones((size,), dtype), lay.sharding),
         latents=lambda state: lay.unpack(state.z),
@@ -155,9 +161,10 @@ def numpyro_latent(post: Posterior) -> LatentLayout:
     from fli.sharding import field_leaf_shardings  # noqa: PLC0415
 
     lay = post.layout
+    potential = jax.jit(lambda lat, data: post.potential(lat, data, precise=True))  # traced once: see LatentLayout
     return LatentLayout(
         name="numpyro", dim=post.dim, pytree=True, layout_dependent=False,
-        potential_gen=lambda data: lambda lat: post.potential(lat, data, precise=True),
+        potential_gen=lambda data: lambda lat: potential(lat, data),
         to_latent=lambda flat: Latents(*lay.unpack(flat)),
         unit_mass=lambda dtype: jnp.ones((post.dim,), dtype),
         latents=lambda state: (state.z.theta, state.z.s),
@@ -204,17 +211,22 @@ class Kernel(NamedTuple):
 
 def chains_of(init_one: Callable, latent: LatentLayout):
     """A kernel's ``init`` and ``template`` from its one-chain ``init_one(z0, key, data)``: the
-    chains' states vmapped, jitted and placed by ``latent.shardings``."""
+    chains' states vmapped, jitted and placed by ``latent.shardings``. One jitted function serves
+    both, so that the posterior in ``init_one`` is traced once for the two (tracing, not
+    compiling, is most of a kernel's start: a trace of the small posterior's gradient took 2-5 s;
+    see docs/benchmarks.md)."""
 
     def chains_init(z0, keys, data):
-        return jax.vmap(init_one, in_axes=(0, 0, None))(z0, keys, data)
+        states = jax.vmap(init_one, in_axes=(0, 0, None))(z0, keys, data)
+        return jax.lax.with_sharding_constraint(states, latent.shardings(states))
+
+    chains = jax.jit(chains_init)
 
     def init(z0, keys, data):
-        fn = jax.jit(chains_init, out_shardings=latent.shardings(jax.eval_shape(chains_init, z0, keys, data)))
-        return fn(z0, keys, data)
+        return chains(z0, keys, data)
 
     def template(z0, keys, data):
-        shapes = jax.eval_shape(chains_init, z0, keys, data)
+        shapes = jax.eval_shape(chains, z0, keys, data)
         return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) if hasattr(s, "shape")
                             else s, shapes, latent.shardings(shapes))
 
@@ -246,7 +258,11 @@ def numpyro_kernel(post: Posterior, latent: LatentLayout, kernel: str = "nuts", 
                                      algo="NUTS" if kernel == "nuts" else "HMC")
     size = post.layout.size
 
+    traced = []  # init_one has been traced in this process (and so NumPyro's closures are set)
+
+    @jax.jit
     def init_one(z0, key, data):
+        traced.append(True)
         kw = dict(num_steps=num_steps) if kernel == "hmc" else dict(max_tree_depth=max_tree_depth)
         return init_kernel(latent.to_latent(z0), num_warmup, step_size=float(step_size),
                            inverse_mass_matrix=latent.unit_mass(z0.dtype), adapt_step_size=True,
@@ -257,11 +273,13 @@ def numpyro_kernel(post: Posterior, latent: LatentLayout, kernel: str = "nuts", 
 
     def step(state, data):
         # NumPyro's sample_kernel reads settings (tree depth, adaptation schedule) that its
-        # init_kernel sets in closures; tracing init's shapes first makes step work on any
-        # state, e.g. one restored from a checkpoint in a process that never called init
-        dtype = jax.tree.leaves(state.z)[0].dtype
-        jax.eval_shape(init_one, jax.ShapeDtypeStruct((size,), dtype),
-                       jax.ShapeDtypeStruct(state.rng_key.shape, state.rng_key.dtype), data)
+        # init_kernel sets in closures; tracing init's shapes first, unless this process has
+        # (a trace of the posterior's gradient, seconds), makes step work on any state, e.g. one
+        # restored from a checkpoint in a process that never called init
+        if not traced:
+            dtype = jax.tree.leaves(state.z)[0].dtype
+            jax.eval_shape(init_one, jax.ShapeDtypeStruct((size,), dtype),
+                           jax.ShapeDtypeStruct(state.rng_key.shape, state.rng_key.dtype), data)
         new = sample_kernel(state, model_args=(data,))
         new = jax.lax.with_sharding_constraint(new, latent.shardings(new))
         depth = tree_depth(new.num_steps) if kernel == "nuts" else jnp.zeros((), jnp.int32)
