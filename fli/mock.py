@@ -147,29 +147,34 @@ def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
     ko = process_allgather(m["kappa_obs"])
     a_end = float(m["a_steps"][-1])
     k, p_sim, _ = power_spectrum(m["density"] - 1.0, grid.fft, grid.box)
-    _, p_lin, _ = power_spectrum(linear_field(cosmo, m["white_noise"], grid, a_end), grid.fft, grid.box)
+    # jitted, as the theory below: eagerly, op by op, the figures' numbers took 40 s of a small
+    # mock's 55 (docs/benchmarks.md, "Start-up")
+    lin = jax.jit(lambda c, s: linear_field(c, s, grid, a_end))(cosmo, m["white_noise"])
+    _, p_lin, _ = power_spectrum(lin, grid.fft, grid.box)
     k = np.asarray(k)
-    p_th = np.asarray(linear_power(cosmo, jnp.asarray(k), a_end))
-    p_hf = np.asarray(halofit_power(cosmo, jnp.asarray(k), a_end))
-    k_nyq = float(np.pi / np.max(grid.cell))
-    p_sim, p_lin = np.asarray(p_sim), np.asarray(p_lin)
     ell, cl, _ = map_power_spectrum(kt, cfg.lensing.fov_deg, n_bins_ell=max(4, cfg.lensing.npix // 4),
                                     taper=0.5)  # taper: the patch is not periodic
     ok = np.isfinite(ell) & np.all(np.isfinite(cl), axis=0)
     ell, cl = np.asarray(ell)[ok], np.asarray(cl)[:, ok]
     ell_t = np.geomspace(max(ell.min() / 2, 1.0), ell.max() * 1.5, 60)
-    # what the PM map should see: plane-sum Limber with the CIC paint + bilinear read windows
-    cl_th = np.asarray(limber_cl_planes(cosmo, m["bins"], ell_t, geom, mesh_window=8))
-    cl_th = np.stack([cl_th[b, b] for b in range(cl_th.shape[0])])
-    cl_cont = np.asarray(limber_cl_planes(cosmo, m["bins"], ell_t, geom))
-    cl_cont = np.stack([cl_cont[b, b] for b in range(cl_cont.shape[0])])
-    # the same plane sum with halofit's P(k): what the map would carry with all the small-scale power
-    r = jnp.asarray(geom.plane_r)
-    kp = jnp.asarray(ell_t)[:, None] / r[None, :]
-    a_r = a_of_chi(cosmo, r)
-    boost = halofit_power_grid(cosmo, kp, a_r) / linear_power(cosmo, kp, a_r[None, :])
-    cl_hf = np.asarray(limber_cl_planes(cosmo, m["bins"], ell_t, geom, boost=boost))
-    cl_hf = np.stack([cl_hf[b, b] for b in range(cl_hf.shape[0])])
+
+    def theory(cosmo, bins, k, ell_t):
+        p_th, p_hf = linear_power(cosmo, k, a_end), halofit_power(cosmo, k, a_end)
+        # what the PM map should see: plane-sum Limber with the CIC paint + bilinear read windows
+        cl_th = limber_cl_planes(cosmo, bins, ell_t, geom, mesh_window=8)
+        cl_cont = limber_cl_planes(cosmo, bins, ell_t, geom)
+        # the same plane sum with halofit's P(k): what the map would carry with all the small-scale power
+        r = jnp.asarray(geom.plane_r)
+        kp = ell_t[:, None] / r[None, :]
+        a_r = a_of_chi(cosmo, r)
+        boost = halofit_power_grid(cosmo, kp, a_r) / linear_power(cosmo, kp, a_r[None, :])
+        cl_hf = limber_cl_planes(cosmo, bins, ell_t, geom, boost=boost)
+        return p_th, p_hf, *(jnp.stack([c[b, b] for b in range(c.shape[0])]) for c in (cl_th, cl_cont, cl_hf))
+
+    p_th, p_hf, cl_th, cl_cont, cl_hf = map(np.asarray, jax.jit(theory)(cosmo, m["bins"], jnp.asarray(k),
+                                                                        jnp.asarray(ell_t)))
+    k_nyq = float(np.pi / np.max(grid.cell))
+    p_sim, p_lin = np.asarray(p_sim), np.asarray(p_lin)
     a_pix_sr = (np.deg2rad(cfg.lensing.fov_deg) / cfg.lensing.npix) ** 2
     noise_cl = (m["noise_sigma"] ** 2 * a_pix_sr)[:, None] * np.ones_like(ell_t)[None, :]
     ell_lo = 2 * np.pi / np.deg2rad(cfg.lensing.fov_deg)
