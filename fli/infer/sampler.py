@@ -220,13 +220,10 @@ def chains_of(init_one: Callable, latent: LatentLayout):
         states = jax.vmap(init_one, in_axes=(0, 0, None))(z0, keys, data)
         return jax.lax.with_sharding_constraint(states, latent.shardings(states))
 
-    chains = jax.jit(chains_init)
-
-    def init(z0, keys, data):
-        return chains(z0, keys, data)
+    init = jax.jit(chains_init)
 
     def template(z0, keys, data):
-        shapes = jax.eval_shape(chains, z0, keys, data)
+        shapes = jax.eval_shape(init, z0, keys, data)
         return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) if hasattr(s, "shape")
                             else s, shapes, latent.shardings(shapes))
 
