@@ -250,6 +250,7 @@ INIT_REDRAWS = ("wiener", "none")
 SAMPLERS = ("sharded", "numpyro")
 KERNELS = ("nuts", "hmc", "mclmc", "adjusted_mclmc")
 INTEGRATORS = ("mclachlan", "leapfrog")
+PRECONDITIONERS = ("none", "lowrank")
 
 
 @dataclass
@@ -270,6 +271,10 @@ class InferenceConfig:
     init_redraw: str = "wiener"  # init=<map dir>: redraw the modes the data leave free ("wiener" | "none")
     chains_per_run: int = 1  # chains vectorised in one run (one program, jax.vmap); a sweep adds runs
     sampler: str = "sharded"  # latent layout: "sharded" (flat, every device its block) | "numpyro" (NumPyro's own)
+    # the latent the kernel moves: "none" (the standardised one) | "lowrank" (z = ref + C^1/2 y, C from
+    # precondition_rank Lanczos steps on the Gauss-Newton Hessian at init=<fli-map run>; fli/infer/precondition.py)
+    precondition: str = "none"
+    precondition_rank: int = 128
 
     def __post_init__(self) -> None:
         for k in ("num_samples", "max_tree_depth", "num_steps", "chunk", "field_thin"):
@@ -285,6 +290,12 @@ class InferenceConfig:
         _check(self.init_redraw in INIT_REDRAWS, "inference.init_redraw", "'wiener' or 'none'", self.init_redraw)
         _check(self.chains_per_run >= 1, "inference.chains_per_run", ">= 1", self.chains_per_run)
         _check(self.sampler in SAMPLERS, "inference.sampler", "'sharded' or 'numpyro'", self.sampler)
+        _check(self.precondition in PRECONDITIONERS, "inference.precondition", "'none' or 'lowrank'",
+               self.precondition)
+        _check(self.precondition_rank >= 1, "inference.precondition_rank", ">= 1", self.precondition_rank)
+        _check(self.precondition == "none" or self.sampler == "sharded", "inference.sampler",
+               f"'sharded' with inference.precondition={self.precondition} (it acts on the flat latent)",
+               self.sampler)
         _check(not self.kernel.endswith("mclmc") or self.sampler == "sharded", "inference.sampler",
                f"'sharded' with inference.kernel={self.kernel} (MCLMC runs on the flat latent)", self.sampler)
 

@@ -68,7 +68,7 @@ def make_chunk(kernel: Kernel, post: Posterior, n: int, thin: int, num_warmup: i
 
     def one_chain(state, acc, data):
         state, info = kernel.step(state, data)
-        theta, s = kernel.latents(state)
+        theta, s = kernel.latents(state, data)
         kappa, _ = post.predict(Latents(theta, s))
         w = (kernel.iteration(state) > num_warmup).astype(jnp.int32)
         acc = _welford(acc, s, kappa, w)

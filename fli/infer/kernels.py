@@ -4,29 +4,39 @@ latent of ``inference.sampler``. A module of its own so that the seam imports no
 
 from __future__ import annotations
 
-from fli.config import KERNELS, SAMPLERS
+from fli.config import KERNELS, PRECONDITIONERS, SAMPLERS
 from fli.infer.adjusted_mclmc import adjusted_mclmc_kernel
 from fli.infer.mclmc import mclmc_kernel
 from fli.infer.model import Posterior
+from fli.infer.precondition import lowrank_latent
 from fli.infer.sampler import LATENTS, Kernel, numpyro_kernel
 
 
 def make_kernel(post: Posterior, sampler: str = "sharded", kernel: str = "nuts", integrator: str = "mclachlan",
-                **kw) -> Kernel:
+                precondition: str = "none", **kw) -> Kernel:
     """The kernel ``kernel`` on the latent of ``inference.sampler`` (``sharded`` or
     ``numpyro``): NumPyro's NUTS or HMC (:func:`numpyro_kernel`, with ``kw``), or MCLMC,
     unadjusted (:func:`fli.infer.mclmc.mclmc_kernel`) or adjusted
     (:func:`fli.infer.adjusted_mclmc.adjusted_mclmc_kernel`), which read ``num_warmup``,
-    ``step_size`` (and ``target_accept``, adjusted) of ``kw`` and their own ``integrator``."""
+    ``step_size`` (and ``target_accept``, adjusted) of ``kw`` and their own ``integrator``.
+
+    ``precondition="lowrank"``: the kernel moves the preconditioned latent
+    (:func:`fli.infer.precondition.lowrank_latent`, sampler ``sharded`` only) and reads
+    ``Preconditioned(data, pre)`` as its data."""
     if sampler not in SAMPLERS:
         raise ValueError(f"inference.sampler must be one of {SAMPLERS}, got {sampler!r}")
     if kernel not in KERNELS:
         raise ValueError(f"inference.kernel must be one of {KERNELS}, got {kernel!r}")
+    if precondition not in PRECONDITIONERS:
+        raise ValueError(f"inference.precondition must be one of {PRECONDITIONERS}, got {precondition!r}")
+    if precondition == "lowrank" and sampler != "sharded":
+        raise ValueError("inference.precondition=lowrank acts on the flat latent: set inference.sampler=sharded")
+    latent = lowrank_latent(post) if precondition == "lowrank" else LATENTS[sampler](post)
     if kernel == "mclmc":
-        return mclmc_kernel(post, LATENTS[sampler](post), num_warmup=kw.get("num_warmup", 100),
+        return mclmc_kernel(post, latent, num_warmup=kw.get("num_warmup", 100),
                             step_size=kw.get("step_size", 0.1), integrator=integrator)
     if kernel == "adjusted_mclmc":
-        return adjusted_mclmc_kernel(post, LATENTS[sampler](post), num_warmup=kw.get("num_warmup", 100),
+        return adjusted_mclmc_kernel(post, latent, num_warmup=kw.get("num_warmup", 100),
                                      step_size=kw.get("step_size", 0.1), target_accept=kw.get("target_accept", 0.9),
                                      integrator=integrator)
-    return numpyro_kernel(post, LATENTS[sampler](post), kernel=kernel, **kw)
+    return numpyro_kernel(post, latent, kernel=kernel, **kw)

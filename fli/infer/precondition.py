@@ -37,6 +37,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -45,11 +46,14 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from fli.config import Config, ConfigError
+from fli.infer.laplace import _is_custom_vjp_refusal
 from fli.infer.layout import FLAT_SPEC
 from fli.infer.model import Data, Latents, Posterior
+from fli.infer.sampler import LatentLayout, sharded_latent
 
-PRECONDITIONERS = ("none", "lowrank")
 VECS_SPEC = P(None, *FLAT_SPEC)
+STORE = "preconditioner.zarr"  # in the run directory: a resume or an extension uses the same one
 
 
 class LowRank(NamedTuple):
@@ -195,33 +199,156 @@ def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging
     res = residual_flat(post)
     vsh = NamedSharding(lay.mesh, VECS_SPEC)
 
-    def operator(z, data):
-        _, jvp = jax.linearize(lambda x: res(x, data), z)
-        jt = jax.linear_transpose(jvp, z)
-        return lambda v: jt(jvp(v))[0]
+    def operator(z, data, ad):
+        """``v -> J^T J v`` with the forward linearised once (laplace.gauss_newton_hvp's two
+        routes: forward, or reverse only where the forward has a custom_vjp, which JAX's forward
+        mode refuses)."""
+        if ad == "forward":
+            _, jvp = jax.linearize(lambda x: res(x, data), z)
+            jt = jax.linear_transpose(jvp, z)
+            return lambda v: jt(jvp(v))[0]
+        r0, vjp = jax.vjp(lambda x: res(x, data), z)
+        jv = jax.linear_transpose(lambda u: vjp(u)[0], r0)
+        return lambda v: vjp(jv(v)[0])[0]
 
     @jax.jit
-    def start(key):
-        v0 = jax.random.normal(key, (lay.size,), post.fwd.grid.jdtype) * (1 - lay.dummy_mask())
+    def start(key, z, data):
+        # v0 = J^T u, u a random map: in the range of J^T J, so that the Krylov space holds no
+        # direction of its null space (the prior's), whose Ritz value 0 would take a slot
+        r0, vjp = jax.vjp(lambda x: res(x, data), z)
+        v0 = vjp(jax.random.normal(key, r0.shape, r0.dtype) * (data.weight > 0))[0]
         st = lanczos_start(jax.lax.with_sharding_constraint(v0, lay.sharding), k)
         return st._replace(q=jax.lax.with_sharding_constraint(st.q, vsh))
 
     # one program for every call: the number of steps is an argument
-    steps = jax.jit(lambda z, data, st, n: lanczos_steps(operator(z, data), st, n), donate_argnums=2)
+    programs = {ad: jax.jit(lambda z, data, st, n, ad=ad: lanczos_steps(operator(z, data, ad), st, n),
+                            donate_argnums=2) for ad in ("forward", "reverse")}
+    ad = "forward"
     t0 = time.perf_counter()
-    st = start(key)
+    st = start(key, ref, data)
     done = 0
     while done < k:
         n = min(chunk, k - done)
-        st = steps(ref, data, st, jnp.int32(n))
+        try:
+            st = programs[ad](ref, data, st, jnp.int32(n))
+        except TypeError as e:  # refused while tracing, before anything ran: st is intact
+            if ad != "forward" or not _is_custom_vjp_refusal(e):
+                raise
+            ad = "reverse"
+            st = programs[ad](ref, data, st, jnp.int32(n))
         done += n
         jax.block_until_ready(st.alpha)
         log.info("preconditioner: Lanczos step %d/%d (%.1f s)", done, k, time.perf_counter() - t0)
     vecs, lam = ritz(st)
     pre = LowRank(ref, vecs, jax.device_put(jnp.asarray(lam, ref.dtype), NamedSharding(lay.mesh, P())))
     seconds = time.perf_counter() - t0
-    info = {"kind": "lowrank", "rank": k, "grad_evals": 2 * k, "seconds": seconds, "eigenvalues": lam.tolist()}
+    info = {"kind": "lowrank", "rank": k, "grad_evals": 2 * k, "seconds": seconds, "ad": ad,
+            "eigenvalues": lam.tolist()}
     log.info("preconditioner: rank %d in %.1f s (%d gradient evaluations); J^T J eigenvalues %.3g (largest) to %.3g "
-             "(smallest kept): the directions left out are the prior's to within 1/(1 + %.3g)", k, seconds, 2 * k,
-             lam[0], lam[-1], lam[-1])
+             "(smallest kept; directions with eigenvalues << 1 are the prior's already)", k, seconds, 2 * k, lam[0],
+             lam[-1])
     return pre, info
+
+
+# --------------------------------------------------------------------------- the latent
+
+
+class Preconditioned(NamedTuple):
+    """What the kernels of a preconditioned latent read as their ``data`` (an argument of every
+    compiled program, never a constant folded into one)."""
+
+    data: Data
+    pre: LowRank
+
+
+def lowrank_latent(post: Posterior) -> LatentLayout:
+    """The sharded flat latent seen through a :class:`LowRank`: the kernel moves ``y`` and
+    reads ``Preconditioned(data, pre)`` as its data; the potential is ``U(ref + C^{1/2} y)``
+    (the map is linear, so its Jacobian is a constant and drops out)."""
+    base = sharded_latent(post)
+    lay = post.layout
+    potential = jax.jit(lambda y, kd: post.potential_flat(to_z(kd.pre, y), kd.data, precise=True))
+    return base._replace(name="sharded+lowrank", potential_gen=lambda kd: lambda y: potential(y, kd),
+                         latents=lambda state, kd: lay.unpack(to_z(kd.pre, state.z)))
+
+
+# --------------------------------------------------------------------------- stored with the run
+
+
+def save_lowrank(path: Path, post: Posterior, pre: LowRank, info: dict) -> None:
+    """Write ``pre`` as (theta, field) pairs, a layout-independent form that any ``pdims``
+    reads back (:func:`load_lowrank`), and mark it complete last."""
+    from fli.io import mark_complete, write_arrays  # noqa: PLC0415
+
+    lay = post.layout
+    theta, field = jax.jit(lay.unpack)(pre.ref)
+    vt, vf = jax.jit(jax.vmap(lay.unpack))(pre.vecs)
+    write_arrays(path, {"ref_theta": np.asarray(theta), "ref_field": field, "vecs_theta": np.asarray(vt),
+                        "vecs_field": vf, "lam": np.asarray(pre.lam)}, info)
+    mark_complete(path, info)
+
+
+def load_lowrank(path: Path, post: Posterior) -> tuple[LowRank, dict]:
+    """:class:`LowRank` saved by :func:`save_lowrank`, placed on this run's layout."""
+    import zarr  # noqa: PLC0415
+
+    from fli.io import COMPLETE, read_array  # noqa: PLC0415
+
+    if not (Path(path) / COMPLETE).is_file():
+        raise ConfigError(f"{path} is not a complete preconditioner (the run stopped while writing it): remove it to "
+                          f"build it again")
+    lay, mesh = post.layout, post.fwd.grid.mesh
+    root = zarr.open_group(str(path), mode="r")
+    get = lambda name, leading=0: read_array(root[name], mesh, leading, where=f"{path}/{name}")
+    ref = jax.jit(lay.pack)(jnp.asarray(get("ref_theta")), get("ref_field"))
+    vecs = jax.jit(jax.vmap(lay.pack), out_shardings=NamedSharding(mesh, VECS_SPEC))(
+        jnp.asarray(get("vecs_theta")), get("vecs_field", 1))
+    lam = jax.device_put(jnp.asarray(get("lam"), ref.dtype), NamedSharding(mesh, P()))
+    return LowRank(ref, vecs, lam), dict(root.attrs)
+
+
+def preconditioner_of(cfg: Config, post: Posterior, obs, data: Data, run_dir: Path, fresh: bool,
+                      log: logging.Logger) -> tuple[LowRank, dict]:
+    """The run's preconditioner: read from ``run_dir`` where it was stored, else (a new run)
+    built at the MAP of ``init=<fli-map run>`` and stored before the first draw."""
+    from fli.infer.map import load_map_field  # noqa: PLC0415
+    from fli.infer.start import check_init_map  # noqa: PLC0415
+
+    path = Path(run_dir) / STORE
+    icfg = cfg.inference
+    if path.exists():
+        pre, info = load_lowrank(path, post)
+        log.info("preconditioner: read %s (rank %d, built at %s)", path, pre.lam.shape[0], info.get("point"))
+        return pre, info
+    if not fresh:
+        raise ConfigError(f"run_dir {run_dir} has checkpoints but no {STORE}: it was sampled without "
+                          f"inference.precondition={icfg.precondition}; resume it as it was started")
+    how = (cfg.init or "prior").strip()
+    if how in ("prior", "truth") or not Path(how).is_dir():
+        raise ConfigError(f"inference.precondition={icfg.precondition} is built at a MAP: set init=<a fli-map run "
+                          f"directory of this mock> (init={how} is not one)")
+    mj = check_init_map(cfg, Path(how), obs)
+    grid = post.fwd.grid
+    ref = jax.jit(post.layout.pack)(jnp.asarray(post.theta_of(mj["params"]), grid.jdtype),
+                                    load_map_field(how, grid.mesh).astype(grid.jdtype))
+    pre, info = build_lowrank(post, data, ref, icfg.precondition_rank, jax.random.PRNGKey(cfg.seed), log)
+    info = {**info, "point": how}
+    save_lowrank(path, post, pre, info)
+    return pre, info
+
+
+def linearised_start(post: Posterior, pre: LowRank, key) -> tuple[jax.Array, dict]:
+    """A chain's start in the preconditioned latent: ``y ~ N(0, I)``, the linearised
+    posterior's draw around the MAP, with theta then replaced by a draw from its prior (the
+    joint MAP's theta is biased, DESIGN.md). Returns ``y`` and a description."""
+    lay = post.layout
+    k_y, k_t = jax.random.split(key)
+
+    @jax.jit
+    def draw(k_y, k_t):
+        y = jax.lax.with_sharding_constraint(jax.random.normal(k_y, (lay.size,), pre.ref.dtype), lay.sharding)
+        _, s = lay.unpack(to_z(pre, y))
+        theta = jax.random.normal(k_t, (post.prior.n,), pre.ref.dtype)
+        return to_y(pre, lay.pack(theta, s, y))
+
+    return draw(k_y, k_t), {"redraw": "linearised", "theta": "prior"}

@@ -35,6 +35,7 @@ from fli.infer.kernels import make_kernel
 from fli.infer.layout import FLAT_SPEC
 from fli.infer.model import Posterior
 from fli.infer.params import reported_names
+from fli.infer.precondition import Preconditioned, linearised_start, preconditioner_of
 from fli.infer.run_store import (
     CHECKPOINTS,
     NUTS_JSON,
@@ -65,7 +66,7 @@ def kernel_of(cfg: Config, post: Posterior) -> Kernel:
     i = cfg.inference
     return make_kernel(post, i.sampler, kernel=i.kernel, num_warmup=i.num_warmup, target_accept=i.target_accept,
                        max_tree_depth=i.max_tree_depth, num_steps=i.num_steps, step_size=i.step_size,
-                       integrator=i.integrator)
+                       integrator=i.integrator, precondition=i.precondition)
 
 
 def _state(kstate, acc: Accum) -> dict:
@@ -134,9 +135,19 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
     k_inits, k_kernels = chain_keys(cfg.seed, n_chains)
     zsh = NamedSharding(grid.mesh, P(None, *FLAT_SPEC))
     t0 = time.perf_counter()
+    pre_info = None
+    if icfg.precondition != "none":  # the kernels read the data with the preconditioner beside it
+        pre, pre_info = preconditioner_of(cfg, post, obs, data, run_dir, last is None, log)
+        data = Preconditioned(data, pre)
     if last is None:
-        starts = [initial_point(cfg, post, obs, k, log) for k in k_inits]
-        init_desc = starts[0][1]
+        if pre_info is not None:
+            starts = [linearised_start(post, pre, k) for k in k_inits]
+            init_desc = {"init": str(cfg.init), **starts[0][1]}
+            log.info("start: y ~ N(0, I) in the preconditioned latent (the linearised posterior around the MAP of "
+                     "%s), theta from its prior", cfg.init)
+        else:
+            starts = [initial_point(cfg, post, obs, k, log) for k in k_inits]
+            init_desc = starts[0][1]
         z0 = jax.jit(lambda *zs: jnp.stack(zs), out_shardings=zsh)(*[z for z, _ in starts])
         del starts
         kstate = kernel.init(z0, k_kernels, data)
@@ -220,6 +231,10 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
         for d, sm in zip(chain_dirs, summaries, strict=True):
             write_json(d / NUTS_JSON, sm)
         summary = _combined_summary(summaries, chain_dirs)
+    if pre_info is not None:  # its gradients are counted apart from the chains' (gradient_evals)
+        lam = pre_info["eigenvalues"]
+        summary["preconditioner"] = {**{k: pre_info[k] for k in ("kind", "rank", "grad_evals", "seconds", "point")},
+                                     "eigenvalue_largest": lam[0], "eigenvalue_smallest_kept": lam[-1]}
     write_json(run_dir / NUTS_JSON, summary)
     log.info("done: %d chain(s) of %d draws (%d after warm-up), %d divergences after warm-up, %d gradient "
              "evaluations, %.1f s sampling; %s", n_chains, summaries[0]["draws"], summaries[0]["draws_post_warmup"],

@@ -121,7 +121,7 @@ class LatentLayout(NamedTuple):
     potential_gen: Callable
     to_latent: Callable  # a flat latent [size] -> the latent NumPyro sees
     unit_mass: Callable  # dtype -> ones [dim], placed
-    latents: Callable  # one chain's state -> (theta, s)
+    latents: Callable  # (one chain's state, data) -> (theta, s)
     shardings: Callable  # a state pytree (chain axis first or not) -> its shardings
 
 
@@ -150,7 +150,7 @@ def sharded_latent(post: Posterior) -> LatentLayout:
         potential_gen=lambda data: lambda z: potential(z, data),
         to_latent=lambda flat: flat,
         unit_mass=lambda dtype: jax.lax.with_sharding_constraint(jnp.ones((size,), dtype), lay.sharding),
-        latents=lambda state: lay.unpack(state.z),
+        latents=lambda state, data: lay.unpack(state.z),
         shardings=shardings)
 
 
@@ -167,7 +167,7 @@ def numpyro_latent(post: Posterior) -> LatentLayout:
         potential_gen=lambda data: lambda lat: potential(lat, data),
         to_latent=lambda flat: Latents(*lay.unpack(flat)),
         unit_mass=lambda dtype: jnp.ones((post.dim,), dtype),
-        latents=lambda state: (state.z.theta, state.z.s),
+        latents=lambda state, data: (state.z.theta, state.z.s),
         shardings=lambda tree: field_leaf_shardings(tree, lay.mesh, lay.shape))
 
 
@@ -184,7 +184,8 @@ class Kernel(NamedTuple):
         init: ``(z0 [C, size], keys [C, 2], data) -> state`` of ``C`` chains (jitted, placed).
         step: ``(state, data) -> (state, StepInfo)``: one transition of one chain (traceable;
             needs no ``init`` in this process, so it runs on a restored state).
-        latents: one chain's state -> ``(theta, s)`` (traceable).
+        latents: ``(one chain's state, data) -> (theta, s)`` (traceable; ``data`` is what
+            ``step`` reads, which holds a preconditioner where the latent has one).
         iteration: one chain's state -> transitions done, warm-up included.
         template: ``(z0, keys, data) -> `` the state's ``ShapeDtypeStruct`` s with shardings,
             the target a checkpoint is restored onto (``z0``, ``keys`` may be abstract).

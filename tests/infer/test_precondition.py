@@ -95,3 +95,44 @@ def test_lowrank_whitens_the_linear_posterior(linear):
     # not trivial: the eigenvalues left out are not small (measured 3.7, 3.2, 2.3, 2.1; the
     # spectrum falls below 1 after 9 directions, so the data constrain few modes of this mock)
     assert lam_true[4] > 1
+
+
+@pytest.mark.slow(seconds=150)  # a 4-step MAP, then fli-nuts built, extended and refused (cold)
+def test_fli_nuts_builds_stores_and_reuses_the_preconditioner(small_mock, tmp_path, caplog, capsys):
+    """fli-nuts with inference.precondition=lowrank on the small mock: built at the MAP of
+    init=<fli-map run>, stored with the run, read back (not rebuilt) when the run is extended,
+    and refused, naming init, where there is no MAP to build it at."""
+    import json
+    import logging
+
+    from fli.cli.map import main as map_main
+    from fli.cli.nuts import main as nuts_main
+    from tests.helpers.posterior import CHAIN, SMALL
+
+    mp = tmp_path / "map"
+    assert map_main([*SMALL, f"mock={small_mock}", f"run_dir={mp}", "inference.map.steps=4",
+                     "inference.map.laplace=false", "inference.map.compare_truth=false"]) == 0
+    run = tmp_path / "nuts"
+    args = [*SMALL, *CHAIN, f"mock={small_mock}", f"init={mp}", "inference.precondition=lowrank",
+            "inference.precondition_rank=16"]
+    assert nuts_main([*args, f"run_dir={run}"]) == 0
+    out = json.loads((run / "nuts.json").read_text())
+    pre = out["preconditioner"]
+    assert pre["rank"] == 16 and pre["grad_evals"] == 32 and pre["point"] == str(mp)
+    assert pre["eigenvalue_largest"] > pre["eigenvalue_smallest_kept"] > 0
+    assert out["init"]["redraw"] == "linearised" and out["init"]["theta"] == "prior"
+    assert (run / "preconditioner.zarr" / "COMPLETE").is_file()
+    assert np.isfinite(out["params_mean"]["S8"])
+
+    caplog.set_level(logging.INFO, logger="fli")
+    assert nuts_main([*args, f"run_dir={run}", "inference.num_samples=10"]) == 0  # extended by 4 draws
+    assert "preconditioner: read" in caplog.text and "Lanczos step" not in caplog.text
+    again = json.loads((run / "nuts.json").read_text())
+    assert again["draws"] == 16 and again["preconditioner"] == pre
+
+    bad = tmp_path / "bad"
+    capsys.readouterr()
+    assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", "init=prior", "inference.precondition=lowrank",
+                      f"run_dir={bad}"]) == 2
+    assert "set init=<a fli-map run directory" in capsys.readouterr().err
+    assert not (bad / "preconditioner.zarr").exists() and not (bad / "nuts.json").exists()
