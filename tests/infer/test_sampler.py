@@ -86,6 +86,35 @@ def test_numpyros_own_layout_gathers_the_field(post8, gradient_collectives):
     assert [k for k in added if k[0] == "all-gather" and k[1] >= post.fwd.grid.n_cells // 8], added
 
 
+@pytest.mark.slow(seconds=120)  # three 8-device steps compiled (leapfrog MCLMC, adjusted MCLMC, NUTS)
+@pytest.mark.parametrize("kernel", ["mclmc", "adjusted_mclmc", "nuts"])
+def test_the_preconditioned_kernels_gather_no_field(post8, gradient_collectives, kernel):
+    """fli's MCLMC kernels and NUTS in the low-rank preconditioned latent
+    (fli/infer/precondition.py), compiled on 8 devices: every collective beyond the forward
+    model's own is an all-reduce of at most ``rank`` numbers (``V y``, ``V g``, the inner
+    products); nothing gathers the field or a row of ``V``."""
+    from fli.infer.kernels import make_kernel
+    from fli.infer.precondition import VECS_SPEC, LowRank, Preconditioned
+
+    post, data, lat = post8
+    lay, rank = post.layout, 8
+    q, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(lay.size, rank)))
+    vecs = jax.device_put(jnp.asarray(q.T, jnp.float32), jax.NamedSharding(lay.mesh, VECS_SPEC))
+    pre = LowRank(lay.pack(lat.theta, lat.s), vecs,
+                  jax.device_put(jnp.linspace(100.0, 1.0, rank), jax.NamedSharding(lay.mesh, jax.P())))
+    kd = Preconditioned(data, pre)
+    k = make_kernel(post, "sharded", kernel=kernel, integrator="leapfrog", precondition="lowrank", num_warmup=10,
+                    max_tree_depth=3)
+    z0 = jax.ShapeDtypeStruct((1, lay.size), post.fwd.grid.jdtype,
+                              sharding=jax.NamedSharding(lay.mesh, jax.P(None, *lay.sharding.spec)))
+    keys = jax.ShapeDtypeStruct((1, 2), jnp.uint32, sharding=jax.NamedSharding(lay.mesh, jax.P()))
+    step = jax.jit(lambda s, d: jax.vmap(k.step, in_axes=(0, None))(s, d))
+    ops = collectives(step.lower(k.template(z0, keys, kd), kd).compile().as_text())
+    added = beyond_the_forward(ops, gradient_collectives, max(rank, lay.n_tail))
+    assert not added, added
+    assert any(op == "all-reduce" and n == rank for op, n in ops), ops  # V y: the parse sees the projection
+
+
 def test_optax_inner_products_of_a_sharded_field_gather_nothing():
     """Optax's ``tree.vdot`` (mended in fli.infer.optimize: on jax 0.10 Optax's own version
     test picks ``jnp.vdot``, which ravels and so gathers a field sharded over x and y)."""
