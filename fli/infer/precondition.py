@@ -179,7 +179,7 @@ def ritz(st: LanczosState):
 
 
 def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging.Logger | None = None,
-                  chunk: int = 16) -> tuple[LowRank, dict]:
+                  chunk: int = 16, ad: str = "auto") -> tuple[LowRank, dict]:
     """:class:`LowRank` of ``rank`` Lanczos steps on the Gauss-Newton ``J^T J`` at the flat
     latent ``ref`` (from a fli-map run, never the truth), started from a random vector.
 
@@ -187,6 +187,10 @@ def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging
     per call (each step then costs one tangent and one transposed pass, counted as 2 gradient
     evaluations, the laplace module's rule), with a progress line after each call. ``rank`` is
     capped at the rank ``J`` can have, the map's pixels plus the sampled parameters.
+
+    ``ad``: how ``J v`` is taken, ``"forward"`` (``jax.linearize``), ``"reverse"`` (the
+    transpose of ``J^T``; works through a ``custom_vjp``, e.g. the PM forward's reversible
+    adjoint) or ``"auto"``: forward where JAX allows it.
 
     Returns the preconditioner and a summary: rank, gradient evaluations, seconds, the
     eigenvalues (largest first)."""
@@ -223,7 +227,9 @@ def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging
     # one program for every call: the number of steps is an argument
     programs = {ad: jax.jit(lambda z, data, st, n, ad=ad: lanczos_steps(operator(z, data, ad), st, n),
                             donate_argnums=2) for ad in ("forward", "reverse")}
-    ad = "forward"
+    if ad not in ("auto", "forward", "reverse"):
+        raise ValueError(f"ad must be 'auto', 'forward' or 'reverse', got {ad!r}")
+    fallback, ad = ad == "auto", "forward" if ad == "auto" else ad
     t0 = time.perf_counter()
     st = start(key, ref, data)
     done = 0
@@ -232,7 +238,7 @@ def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging
         try:
             st = programs[ad](ref, data, st, jnp.int32(n))
         except TypeError as e:  # refused while tracing, before anything ran: st is intact
-            if ad != "forward" or not _is_custom_vjp_refusal(e):
+            if not fallback or ad != "forward" or not _is_custom_vjp_refusal(e):
                 raise
             ad = "reverse"
             st = programs[ad](ref, data, st, jnp.int32(n))
@@ -331,7 +337,9 @@ def preconditioner_of(cfg: Config, post: Posterior, obs, data: Data, run_dir: Pa
     grid = post.fwd.grid
     ref = jax.jit(post.layout.pack)(jnp.asarray(post.theta_of(mj["params"]), grid.jdtype),
                                     load_map_field(how, grid.mesh).astype(grid.jdtype))
-    pre, info = build_lowrank(post, data, ref, icfg.precondition_rank, jax.random.PRNGKey(cfg.seed), log)
+    # a fixed start: the preconditioner is a function of the MAP alone, so runs of other seeds
+    # from one MAP share it (and their draws' projections onto it compare)
+    pre, info = build_lowrank(post, data, ref, icfg.precondition_rank, jax.random.PRNGKey(0), log)
     info = {**info, "point": how}
     save_lowrank(path, post, pre, info)
     return pre, info

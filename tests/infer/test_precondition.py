@@ -51,7 +51,7 @@ def linear():
     return post, data, post.layout.pack(truth.theta, truth.s)
 
 
-@pytest.mark.slow(seconds=45)  # cold: 3 compiles of ~11 s (the dense Jacobian, Lanczos, the products)
+@pytest.mark.slow(seconds=55)  # cold: 4 compiles of ~11 s (the dense Jacobian, Lanczos twice, the products)
 def test_lowrank_whitens_the_linear_posterior(linear):
     from fli.infer.precondition import build_lowrank, residual_flat, sqrt_cov, to_y, to_z
 
@@ -82,6 +82,11 @@ def test_lowrank_whitens_the_linear_posterior(linear):
     assert np.all(err < 1e-3), err
     # to_y inverts to_z
     np.testing.assert_allclose(np.asarray(to_y(pre, to_z(pre, ys[0]))), np.asarray(ys[0]), atol=1e-4)
+    # the reverse route (J v as the transpose of J^T, which the PM forward's custom_vjp needs)
+    # builds the same operator: the same top eigenvalues from the same start
+    _, rev = build_lowrank(post, data, z, 16, jax.random.key(0), ad="reverse")
+    assert rev["ad"] == "reverse" and info["ad"] == "forward"
+    np.testing.assert_allclose(rev["eigenvalues"][:6], lam_true[:6], rtol=1e-3)
 
     # truncated to the top 4: those directions are whitened, the rest of H is left as it is
     from fli.infer.precondition import LowRank
@@ -99,9 +104,10 @@ def test_lowrank_whitens_the_linear_posterior(linear):
 
 @pytest.mark.slow(seconds=150)  # a 4-step MAP, then fli-nuts built, extended and refused (cold)
 def test_fli_nuts_builds_stores_and_reuses_the_preconditioner(small_mock, tmp_path, caplog, capsys):
-    """fli-nuts with inference.precondition=lowrank on the small mock: built at the MAP of
-    init=<fli-map run>, stored with the run, read back (not rebuilt) when the run is extended,
-    and refused, naming init, where there is no MAP to build it at."""
+    """fli-nuts with inference.precondition=lowrank on the small mock (the linear forward, which
+    compiles in a fraction of the PM's time): built at the MAP of init=<fli-map run>, stored
+    with the run, read back (not rebuilt) when the run is extended, and refused, naming init,
+    where there is no MAP to build it at."""
     import json
     import logging
 
@@ -109,11 +115,12 @@ def test_fli_nuts_builds_stores_and_reuses_the_preconditioner(small_mock, tmp_pa
     from fli.cli.nuts import main as nuts_main
     from tests.helpers.posterior import CHAIN, SMALL
 
+    linear = [*SMALL, "simulation.forward=linear"]
     mp = tmp_path / "map"
-    assert map_main([*SMALL, f"mock={small_mock}", f"run_dir={mp}", "inference.map.steps=4",
+    assert map_main([*linear, f"mock={small_mock}", f"run_dir={mp}", "inference.map.steps=4",
                      "inference.map.laplace=false", "inference.map.compare_truth=false"]) == 0
     run = tmp_path / "nuts"
-    args = [*SMALL, *CHAIN, f"mock={small_mock}", f"init={mp}", "inference.precondition=lowrank",
+    args = [*linear, *CHAIN, f"mock={small_mock}", f"init={mp}", "inference.precondition=lowrank",
             "inference.precondition_rank=16"]
     assert nuts_main([*args, f"run_dir={run}"]) == 0
     out = json.loads((run / "nuts.json").read_text())
@@ -132,7 +139,7 @@ def test_fli_nuts_builds_stores_and_reuses_the_preconditioner(small_mock, tmp_pa
 
     bad = tmp_path / "bad"
     capsys.readouterr()
-    assert nuts_main([*SMALL, *CHAIN, f"mock={small_mock}", "init=prior", "inference.precondition=lowrank",
+    assert nuts_main([*linear, *CHAIN, f"mock={small_mock}", "init=prior", "inference.precondition=lowrank",
                       f"run_dir={bad}"]) == 2
     assert "set init=<a fli-map run directory" in capsys.readouterr().err
     assert not (bad / "preconditioner.zarr").exists() and not (bad / "nuts.json").exists()
