@@ -275,6 +275,7 @@ class InferenceConfig:
     # precondition_rank Lanczos steps on the Gauss-Newton Hessian at init=<fli-map run>; fli/infer/precondition.py)
     precondition: str = "none"
     precondition_rank: int = 128
+    precondition_points: int = 0  # lowrank: 0 = curvature at the MAP; K = averaged over K linearised draws
 
     def __post_init__(self) -> None:
         for k in ("num_samples", "max_tree_depth", "num_steps", "chunk", "field_thin"):
@@ -293,6 +294,8 @@ class InferenceConfig:
         _check(self.precondition in PRECONDITIONERS, "inference.precondition", "'none' or 'lowrank'",
                self.precondition)
         _check(self.precondition_rank >= 1, "inference.precondition_rank", ">= 1", self.precondition_rank)
+        _check(self.precondition_points >= 0, "inference.precondition_points", ">= 0 (0: at the MAP alone)",
+               self.precondition_points)
         _check(self.precondition == "none" or self.sampler == "sharded", "inference.sampler",
                f"'sharded' with inference.precondition={self.precondition} (it acts on the flat latent)",
                self.sampler)

@@ -33,7 +33,7 @@ DIAGNOSE = ("diagnose", "runs", "sweep")
 SAMPLER = tuple(f"inference.{k}" for k in ("kernel", "num_warmup", "num_samples", "max_tree_depth", "num_steps",
                                            "step_size", "target_accept", "chunk", "field_thin", "init_redraw",
                                            "chains_per_run", "sampler", "integrator", "precondition",
-                                           "precondition_rank"))
+                                           "precondition_rank", "precondition_points"))
 # a fli-nuts run resumed or extended: more draws, another start or another MAP config
 # (the observation is compared by its fingerprint, fli/manifest.py, not by the spelling of its path)
 SAMPLING_MAY_CHANGE = ("inference.num_samples", "inference.map", *PLACEMENT, "init", "inference.init_redraw",
@@ -48,7 +48,7 @@ MAP_MAY_CHANGE = ("inference.map.steps", "inference.map.tol", "inference.map.pat
 CHAINS_MAY_DIFFER = ("seed", *PLACEMENT, "init", "inference.num_samples", "inference.num_warmup",
                      "inference.chunk", "inference.field_thin", "inference.init_redraw", "inference.map",
                      "inference.chains_per_run", "inference.sampler", "inference.precondition",
-                     "inference.precondition_rank", *DIAGNOSE, "mock")
+                     "inference.precondition_rank", "inference.precondition_points", *DIAGNOSE, "mock")
 # what defines the posterior a MAP or a chain belongs to
 MODEL_PARTS = ("simulation", "lensing", "survey", "prior")
 MODEL_NEUTRAL = ("simulation.adjoint",)  # how gradients are taken does not change the posterior

@@ -179,14 +179,19 @@ def ritz(st: LanczosState):
 
 
 def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging.Logger | None = None,
-                  chunk: int = 16, ad: str = "auto") -> tuple[LowRank, dict]:
+                  chunk: int = 16, ad: str = "auto", at=None) -> tuple[LowRank, dict]:
     """:class:`LowRank` of ``rank`` Lanczos steps on the Gauss-Newton ``J^T J`` at the flat
     latent ``ref`` (from a fli-map run, never the truth), started from a random vector.
 
+    ``at``: ``[K, size]`` points to take the curvature at instead, the operator then being
+    their average ``(1/K) sum_k J_k^T J_k`` (the centre stays ``ref``); each step then costs
+    ``K`` Hessian-vector products. None: at ``ref`` alone.
+
     The steps run ``chunk`` at a time in one compiled program that linearises the forward once
-    per call (each step then costs one tangent and one transposed pass, counted as 2 gradient
-    evaluations, the laplace module's rule), with a progress line after each call. ``rank`` is
-    capped at the rank ``J`` can have, the map's pixels plus the sampled parameters.
+    per call (each step then costs one tangent and one transposed pass per point, counted as 2
+    gradient evaluations, the laplace module's rule), with a progress line after each call.
+    ``rank`` is capped at the rank the operator can have, K x (the map's values plus the
+    sampled parameters).
 
     ``ad``: how ``J v`` is taken, ``"forward"`` (``jax.linearize``), ``"reverse"`` (the
     transpose of ``J^T``; works through a ``custom_vjp``, e.g. the PM forward's reversible
@@ -196,24 +201,28 @@ def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging
     eigenvalues (largest first)."""
     log = log or logging.getLogger("fli")
     lay = post.layout
-    m = math.prod(post.fwd.kappa_shape) + post.prior.n
+    vsh = NamedSharding(lay.mesh, VECS_SPEC)
+    at = jax.device_put(ref[None], vsh) if at is None else at
+    n_at = int(at.shape[0])
+    m = n_at * (math.prod(post.fwd.kappa_shape) + post.prior.n)
     k = int(min(rank, m))
     if k < rank:
         log.info("preconditioner: rank %d capped at %d, the rank J^T J can have (map values + parameters)", rank, k)
     res = residual_flat(post)
-    vsh = NamedSharding(lay.mesh, VECS_SPEC)
+    res_at = lambda zs, data: jax.vmap(lambda z: res(z, data))(zs)
 
-    def operator(z, data, ad):
-        """``v -> J^T J v`` with the forward linearised once (laplace.gauss_newton_hvp's two
-        routes: forward, or reverse only where the forward has a custom_vjp, which JAX's forward
-        mode refuses)."""
+    def operator(zs, data, ad):
+        """``v -> mean_k J_k^T J_k v`` with the forward linearised once at the points ``zs``
+        (laplace.gauss_newton_hvp's two routes: forward, or reverse only where the forward has
+        a custom_vjp, which JAX's forward mode refuses)."""
+        many = lambda v: jnp.broadcast_to(v, zs.shape)
         if ad == "forward":
-            _, jvp = jax.linearize(lambda x: res(x, data), z)
-            jt = jax.linear_transpose(jvp, z)
-            return lambda v: jt(jvp(v))[0]
-        r0, vjp = jax.vjp(lambda x: res(x, data), z)
+            _, jvp = jax.linearize(lambda x: res_at(x, data), zs)
+            jt = jax.linear_transpose(jvp, zs)
+            return lambda v: jnp.mean(jt(jvp(many(v)))[0], axis=0)
+        r0, vjp = jax.vjp(lambda x: res_at(x, data), zs)
         jv = jax.linear_transpose(lambda u: vjp(u)[0], r0)
-        return lambda v: vjp(jv(v)[0])[0]
+        return lambda v: jnp.mean(vjp(jv(many(v))[0])[0], axis=0)
 
     @jax.jit
     def start(key, z, data):
@@ -231,28 +240,28 @@ def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging
         raise ValueError(f"ad must be 'auto', 'forward' or 'reverse', got {ad!r}")
     fallback, ad = ad == "auto", "forward" if ad == "auto" else ad
     t0 = time.perf_counter()
-    st = start(key, ref, data)
+    st = start(key, at[0], data)
     done = 0
     while done < k:
         n = min(chunk, k - done)
         try:
-            st = programs[ad](ref, data, st, jnp.int32(n))
+            st = programs[ad](at, data, st, jnp.int32(n))
         except TypeError as e:  # refused while tracing, before anything ran: st is intact
             if not fallback or ad != "forward" or not _is_custom_vjp_refusal(e):
                 raise
             ad = "reverse"
-            st = programs[ad](ref, data, st, jnp.int32(n))
+            st = programs[ad](at, data, st, jnp.int32(n))
         done += n
         jax.block_until_ready(st.alpha)
         log.info("preconditioner: Lanczos step %d/%d (%.1f s)", done, k, time.perf_counter() - t0)
     vecs, lam = ritz(st)
     pre = LowRank(ref, vecs, jax.device_put(jnp.asarray(lam, ref.dtype), NamedSharding(lay.mesh, P())))
     seconds = time.perf_counter() - t0
-    info = {"kind": "lowrank", "rank": k, "grad_evals": 2 * k, "seconds": seconds, "ad": ad,
+    info = {"kind": "lowrank", "rank": k, "points": n_at, "grad_evals": 2 * k * n_at, "seconds": seconds, "ad": ad,
             "eigenvalues": lam.tolist()}
-    log.info("preconditioner: rank %d in %.1f s (%d gradient evaluations); J^T J eigenvalues %.3g (largest) to %.3g "
-             "(smallest kept; directions with eigenvalues << 1 are the prior's already)", k, seconds, 2 * k, lam[0],
-             lam[-1])
+    log.info("preconditioner: rank %d at %d point(s) in %.1f s (%d gradient evaluations); J^T J eigenvalues %.3g "
+             "(largest) to %.3g (smallest kept; directions with eigenvalues << 1 are the prior's already)", k, n_at,
+             seconds, 2 * k * n_at, lam[0], lam[-1])
     return pre, info
 
 
@@ -340,6 +349,18 @@ def preconditioner_of(cfg: Config, post: Posterior, obs, data: Data, run_dir: Pa
     # a fixed start: the preconditioner is a function of the MAP alone, so runs of other seeds
     # from one MAP share it (and their draws' projections onto it compare)
     pre, info = build_lowrank(post, data, ref, icfg.precondition_rank, jax.random.PRNGKey(0), log)
+    if icfg.precondition_points > 0:
+        # the MAP sits where the forward is nearly linear (|s|^2 << D), and the curvature changes
+        # between typical points (docs/benchmarks.md): average it over draws of the first pass
+        keys = jax.random.split(jax.random.PRNGKey(1), icfg.precondition_points)
+        at = jax.jit(jax.vmap(lambda k: to_z(pre, jax.random.normal(k, ref.shape, ref.dtype))),
+                     out_shardings=NamedSharding(grid.mesh, VECS_SPEC))(keys)
+        log.info("preconditioner: again, averaged over %d draws of the first one's linearised posterior",
+                 icfg.precondition_points)
+        first = info
+        pre, info = build_lowrank(post, data, ref, icfg.precondition_rank, jax.random.PRNGKey(0), log, at=at)
+        info["grad_evals"] += first["grad_evals"]
+        info["seconds"] += first["seconds"]
     info = {**info, "point": how}
     save_lowrank(path, post, pre, info)
     return pre, info

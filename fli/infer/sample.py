@@ -233,7 +233,8 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
         summary = _combined_summary(summaries, chain_dirs)
     if pre_info is not None:  # its gradients are counted apart from the chains' (gradient_evals)
         lam = pre_info["eigenvalues"]
-        summary["preconditioner"] = {**{k: pre_info[k] for k in ("kind", "rank", "grad_evals", "seconds", "point")},
+        summary["preconditioner"] = {**{k: pre_info.get(k) for k in ("kind", "rank", "points", "grad_evals", "seconds",
+                                                                     "point")},
                                      "eigenvalue_largest": lam[0], "eigenvalue_smallest_kept": lam[-1]}
     write_json(run_dir / NUTS_JSON, summary)
     log.info("done: %d chain(s) of %d draws (%d after warm-up), %d divergences after warm-up, %d gradient "
