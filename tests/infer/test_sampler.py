@@ -31,11 +31,12 @@ def beyond_the_forward(ops: Counter, own: Counter, n_small: int) -> list:
             if (op, n) not in own and not (op == "all-reduce" and n <= n_small)]
 
 
-def _step_hlo(post, data, sampler: str) -> str:
+def _step_hlo(post, data, sampler: str, kernel=None) -> str:
+    """The compiled HLO of one vmapped step of ``kernel`` (default: NUTS on ``sampler``)."""
     from fli.infer.kernels import make_kernel
 
     lay = post.layout
-    kernel = make_kernel(post, sampler, kernel="nuts", num_warmup=10, max_tree_depth=4)
+    kernel = kernel or make_kernel(post, sampler, kernel="nuts", num_warmup=10, max_tree_depth=4)
     z0 = jax.ShapeDtypeStruct((1, lay.size), post.fwd.grid.jdtype,
                               sharding=jax.NamedSharding(lay.mesh, jax.P(None, *lay.sharding.spec)))
     keys = jax.ShapeDtypeStruct((1, 2), jnp.uint32, sharding=jax.NamedSharding(lay.mesh, jax.P()))
@@ -105,11 +106,7 @@ def test_the_preconditioned_kernels_gather_no_field(post8, gradient_collectives,
     kd = Preconditioned(data, pre)
     k = make_kernel(post, "sharded", kernel=kernel, integrator="leapfrog", precondition="lowrank", num_warmup=10,
                     max_tree_depth=3)
-    z0 = jax.ShapeDtypeStruct((1, lay.size), post.fwd.grid.jdtype,
-                              sharding=jax.NamedSharding(lay.mesh, jax.P(None, *lay.sharding.spec)))
-    keys = jax.ShapeDtypeStruct((1, 2), jnp.uint32, sharding=jax.NamedSharding(lay.mesh, jax.P()))
-    step = jax.jit(lambda s, d: jax.vmap(k.step, in_axes=(0, None))(s, d))
-    ops = collectives(step.lower(k.template(z0, keys, kd), kd).compile().as_text())
+    ops = collectives(_step_hlo(post, kd, "sharded", kernel=k))
     added = beyond_the_forward(ops, gradient_collectives, max(rank, lay.n_tail))
     assert not added, added
     assert any(op == "all-reduce" and n == rank for op, n in ops), ops  # V y: the parse sees the projection
