@@ -19,13 +19,16 @@ from tests.helpers.processes import ROOT
 
 @pytest.fixture(scope="module")
 def small_map(small_mock, tmp_path_factory):
+    """A 12-step fli-map run of the small mock, without its Laplace step: fli-map's Laplace
+    function is tested against a dense inverse in tests/infer/test_laplace_model.py, and
+    compiling it here (146 s of this fixture's 255 s in CI) would pay for it twice."""
     run = tmp_path_factory.mktemp("map") / "run"
     assert map_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", "inference.map.steps=12",
-                     "inference.map.checkpoint_every=5"]) == 0
+                     "inference.map.checkpoint_every=5", "inference.map.laplace=false"]) == 0
     return run
 
 
-@pytest.mark.slow(seconds=165)  # small_map: the MAP and its Laplace step (with the small mock, where first)
+@pytest.mark.slow(seconds=145)  # small_map: the MAP (with the small mock, where first); 145 s alone, cold
 def test_map_writes_its_outputs(small_map):
     out = json.loads((small_map / "map.json").read_text())
     for name in ("config.yaml", "loss_history.csv", "metrics.json", "loss.png", "kappa_maps.png",
@@ -42,11 +45,7 @@ def test_map_writes_its_outputs(small_map):
     assert hist.shape == (12, 6) and hist[-1, 1] < hist[0, 1]
     assert 0.3 < out["chi2_per_pixel"] < 3.0
     assert out["truth"]["sigma8"] == pytest.approx(0.8102)
-    lap = out.get("laplace")
-    assert lap is not None and set(lap["marginal"]["std"]) == {"Omega_c", "sigma8"}
-    for n in ("Omega_c", "sigma8"):
-        # the field marginalised can only widen the error (Schur complement <= H_tt)
-        assert lap["marginal"]["std"][n] >= lap["conditional"]["std"][n] * (1 - 1e-6)
+    assert "laplace" not in out  # inference.map.laplace=false
     assert ckpt.latest_step(small_map / "checkpoints") == 12
 
 
