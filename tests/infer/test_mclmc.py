@@ -157,7 +157,7 @@ def _latent(target):
     return sharded_latent(target)
 
 
-# measured 275 s in the fresh-clone CI of 063a3ad with three fli-nuts runs; two now
+# 275 s in the fresh-clone CI of 063a3ad with three fli-nuts runs; two now: 191 s in that of 469bd9a
 @pytest.mark.slow(seconds=190)
 def test_fli_nuts_runs_mclmc_in_chunks_and_resumes_it_bit_for_bit(small_mock, tmp_path, caplog):
     """``inference.kernel=mclmc`` through fli-nuts as a user runs it: a 12-draw run, its newest

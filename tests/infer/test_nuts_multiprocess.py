@@ -307,7 +307,8 @@ def test_every_launcher_starts_two_processes_on_one_run_directory(launcher, tmp_
 # --------------------------------------------------------------------------- the chain, and a process that dies
 
 
-@pytest.mark.slow(seconds=450)  # measured 530 s alone, cold cache, the small mock and the 1 x 4 reference included
+# 285 s in the fresh-clone CI of 469bd9a, the small mock and the 1 x 4 reference included (530 s alone once)
+@pytest.mark.slow(seconds=285)
 @pytest.mark.multiprocess
 def test_two_processes_reproduce_the_one_process_chain_and_stop_when_one_dies(small_mock, one_process, cache,
                                                                                tmp_path):
