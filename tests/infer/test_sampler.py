@@ -176,6 +176,30 @@ def _sharded_chain(target, z0, keys, n_warm, n, depth=5):
     return jax.jit(lambda s: jax.lax.scan(body, s, None, length=n)[1])(state)
 
 
+@pytest.mark.parametrize("kernel", ["nuts", "hmc", "mclmc", "adjusted_mclmc"])
+def test_a_fresh_state_is_placed_as_a_restored_one(kernel):
+    """The chains' init places every leaf of its state exactly as ``kernel.template`` (what a
+    checkpoint is restored onto) says: the chunk program then lowers the same for a fresh run and
+    a resumed one, and a resume reads it from the compilation cache. A key left sharded like the
+    field on a 1 x 1 mesh once made every resume compile it again (docs/benchmarks.md)."""
+    from fli.infer.kernels import make_kernel
+    from fli.sharding import make_mesh
+
+    target = Gaussian(make_mesh((1, 1)))
+    lay = target.layout
+    kern = make_kernel(target, "sharded", kernel=kernel, num_warmup=4, step_size=0.1)
+    zsh = jax.NamedSharding(lay.mesh, jax.P(None, *lay.sharding.spec))
+    z0 = jax.device_put(jnp.zeros((2, lay.size)), zsh)
+    keys = jax.vmap(lambda c: jax.random.fold_in(jax.random.PRNGKey(0), c))(jnp.arange(2))
+    state = kern.init(z0, keys, None)
+    template = kern.template(jax.ShapeDtypeStruct(z0.shape, z0.dtype, sharding=zsh), keys, None)
+    got, want = jax.tree_util.tree_leaves_with_path(state), jax.tree.leaves(template)
+    assert len(got) == len(want)
+    for (path, x), t in zip(got, want, strict=True):
+        if isinstance(x, jax.Array):
+            assert x.sharding == t.sharding, (jax.tree_util.keystr(path), x.sharding, t.sharding)
+
+
 def test_the_sharded_kernel_follows_stock_numpyro_nuts_draw_for_draw():
     """Same key, same start, same warm-up: the sharded kernel (8 devices, its float64 kinetic
     sums) and NumPyro's NUTS as shipped (one device, its own kinetic energy) take the same
