@@ -59,7 +59,7 @@ def pytest_sessionstart(session):
     _started.append(time.time())
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         mark = item.get_closest_marker("slow")
@@ -68,6 +68,24 @@ def pytest_collection_modifyitems(config, items):
                                     "e.g. @pytest.mark.slow(seconds=40)")
         if mark is not None:  # user_properties travel with the reports (also from pytest-xdist's workers)
             item.user_properties.append(("slow_seconds", float(mark.kwargs["seconds"])))
+    yield  # the other plugins' hooks, -m's deselection among them
+    _longest_files_first(items)
+
+
+def _longest_files_first(items) -> None:
+    """Order the files by their slow tests' stated seconds, longest first, then by their number of
+    tests (what pytest-xdist's own reordering does, so the default set's order is unchanged); a
+    file's tests keep their order. pyproject's ``--no-loadscope-reorder`` makes the workers take
+    whole files in this order, so that the last file a worker takes is a short one: with the
+    files in pytest-xdist's order (by number of tests) a 300-s file could start last while the
+    other worker sat idle."""
+    cost: dict[str, list[float]] = {}
+    for item in items:
+        c = cost.setdefault(item.nodeid.split("::")[0], [0.0, 0])
+        mark = item.get_closest_marker("slow")
+        c[0] += float(mark.kwargs["seconds"]) if mark is not None else 0.0
+        c[1] += 1
+    items.sort(key=lambda item: tuple(-x for x in cost[item.nodeid.split("::")[0]]))
 
 
 def pytest_runtest_logreport(report):
