@@ -255,7 +255,7 @@ PRECONDITIONERS = ("none", "lowrank")
 
 @dataclass
 class InferenceConfig:
-    """``fli-map`` (``map``) and ``fli-nuts`` (the rest): see docs/nuts.md."""
+    """``fli-map`` (``map``) and ``fli-sample``, ``fli-nuts`` (the rest): see docs/nuts.md."""
 
     map: MapConfig = field(default_factory=MapConfig)
     kernel: str = "nuts"  # "nuts" | "hmc" (NumPyro's) | "mclmc" | "adjusted_mclmc" (fli's; sampler=sharded)
@@ -378,10 +378,10 @@ class Config:
     diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
     seed: int = 0
     run_dir: Optional[str] = None  # default: outputs/<command>/<timestamp>
-    mock: Optional[str] = None  # path of a fli-mock run directory (for fli-map / fli-nuts)
-    runs: Optional[list[str]] = None  # fli-diagnose: fli-nuts run directories
-    sweep: Optional[str] = None  # fli-diagnose: a fli-nuts multirun directory (each job subdirectory a run)
-    init: Optional[str] = None  # fli-nuts start: null/"prior", "truth", a point (.json/.npz), a fli-map run dir
+    mock: Optional[str] = None  # path of a fli-mock run directory (for fli-map / fli-sample / fli-nuts)
+    runs: Optional[list[str]] = None  # fli-diagnose: fli-sample/fli-nuts run directories
+    sweep: Optional[str] = None  # fli-diagnose: a fli-sample/fli-nuts multirun directory (each job subdirectory a run)
+    init: Optional[str] = None  # sampling start: null/"prior", "truth", a point (.json/.npz), a fli-map run dir
     progress: bool = True
     compilation_cache: Optional[str] = "~/.cache/fli/jax"  # JAX's persistent compilation cache; null: off
     name: str = MISSING  # experiment name, set by the experiment file or config.yaml

@@ -31,8 +31,18 @@ _MARKS = (("fli-map", ("map.json", "loss_history.csv", "map_field.zarr")),
           ("fli-nuts", ("nuts.json", "chunks", "running.zarr", "chain_0")),
           ("fli-diagnose", ("diagnostics.json", "chains.nc")),
           ("fli-mock", ("mock.zarr",)))
-USES = {"fli-map": "a new run_dir or a fli-map run to resume", "fli-nuts": "a new run_dir or a fli-nuts run",
+# fli-sample and fli-nuts write the same kind of run (fli-nuts is fli-sample for NumPyro's kernels):
+# each resumes, extends and diagnoses the other's
+SAMPLING = ("fli-sample", "fli-nuts")
+USES = {"fli-map": "a new run_dir or a fli-map run to resume",
+        "fli-sample": "a new run_dir or a fli-sample/fli-nuts run",
+        "fli-nuts": "a new run_dir or a fli-sample/fli-nuts run",
         "fli-diagnose": "a new run_dir", "fli-mock": "a new run_dir"}
+
+
+def same_kind(kind: str, command: str) -> bool:
+    """Whether a run made by ``kind`` is one that ``command`` may continue."""
+    return kind == command or (kind in SAMPLING and command in SAMPLING)
 
 
 def config_sha256(resolved: dict) -> str:
@@ -68,7 +78,7 @@ def kind_of(run_dir: Path) -> str | None:
 def check_kind(run_dir: Path, command: str, what: str = "run_dir") -> None:
     """Refuse a directory made by another command, in one line saying what it is."""
     kind = kind_of(run_dir)
-    if kind is not None and kind != command:
+    if kind is not None and not same_kind(kind, command):
         raise ConfigError(f"{what} {run_dir} is a {kind} run; {command} needs {USES.get(command, 'a new run_dir')}")
 
 

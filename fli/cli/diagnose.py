@@ -1,6 +1,6 @@
-"""``fli-diagnose``: ArviZ's diagnostics of fli-nuts chains, with verdicts, figures and a report.
+"""``fli-diagnose``: ArviZ's diagnostics of fli-sample and fli-nuts chains, with verdicts, figures and a report.
 
-``fli-diagnose runs=[dir1,dir2]`` or ``fli-diagnose sweep=<fli-nuts multirun dir>``
+``fli-diagnose runs=[dir1,dir2]`` or ``fli-diagnose sweep=<fli-sample or fli-nuts multirun dir>``
 [``diagnose.*`` overrides] [``run_dir=...``]. Reads only complete chunks, so it runs while the
 chains still sample. Exit status: 0 pass, 3 warn, 4 fail (the report is written); 2 bad input
 (one ``fli-diagnose: error: ...`` line on stderr, no report), as for every fli command; 1 a

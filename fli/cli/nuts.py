@@ -1,8 +1,10 @@
-"""``fli-nuts``: NUTS/HMC over the cosmological parameters and the initial field, one chain.
+"""``fli-nuts``: NumPyro's NUTS or HMC over the cosmological parameters and the initial field.
 
 ``fli-nuts mock=<fli-mock run dir or observation dir> [init=prior|truth|<fli-map run dir>]
-[overrides]``; resumable: started again on the same ``run_dir`` it continues after the last
-complete chunk. See :mod:`fli.infer.sample` for what it writes and docs/nuts.md for how to use it.
+[inference.kernel=nuts|hmc] [overrides]``: ``fli-sample`` for NumPyro's two kernels, the same
+run and outputs (each command continues the other's runs); MCLMC runs through ``fli-sample``.
+Resumable: started again on the same ``run_dir`` it continues after the last complete chunk.
+See :mod:`fli.infer.sample` for what it writes and docs/nuts.md for how to use it.
 """
 
 from __future__ import annotations
@@ -11,13 +13,19 @@ import logging
 from pathlib import Path
 
 from fli.cli.common import main_wrapper
-from fli.config import Config
+from fli.config import Config, ConfigError
+
+NUTS_KERNELS = ("nuts", "hmc")
 
 
 def _body(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> None:
-    from fli.infer.sample import run_nuts  # noqa: PLC0415
+    from fli.infer.sample import run_chains  # noqa: PLC0415
 
-    run_nuts(cfg, resolved, run_dir, log)
+    kernel = cfg.inference.kernel
+    if kernel not in NUTS_KERNELS:
+        raise ConfigError(f"inference.kernel={kernel}: fli-nuts runs NumPyro's 'nuts' or 'hmc'; run fli-sample for "
+                          f"{kernel} (the same run and outputs, any kernel)")
+    run_chains(cfg, resolved, run_dir, log, command="fli-nuts")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""``fli-diagnose``'s work: read fli-nuts chains, combine them, ArviZ's diagnostics, verdicts.
+"""``fli-diagnose``'s work: read the chains of fli-sample/fli-nuts runs, combine them, ArviZ's
+diagnostics, verdicts.
 
 The chains are read from the complete chunks of each run (``chunks/chunk_<i>`` with its
 ``DONE`` file, :func:`fli.infer.run_store.complete_chunks`), so a chain still sampling can be read
@@ -47,7 +48,7 @@ from fli.infer.run_store import (
     read_chunks,
     read_config,
 )
-from fli.manifest import check_kind, kind_of, read_manifest, write_manifest
+from fli.manifest import SAMPLING, check_kind, kind_of, read_manifest, write_manifest
 
 DIAGNOSTICS_JSON = "diagnostics.json"
 CHAINS_NC = "chains.nc"
@@ -61,7 +62,7 @@ BAD_INPUT = 2
 
 @dataclasses.dataclass
 class Chain:
-    """One fli-nuts run as read: its post-warm-up draws and the cumulative counters.
+    """One sampling run as read: its post-warm-up draws and the cumulative counters.
 
     ``draws``/``stats``/``pk``: post-warm-up values ``[n_post]`` (``pk`` ``[n_post, n_k]``);
     ``grads0``/``seconds0``: cumulative gradient evaluations and seconds before the first
@@ -100,22 +101,23 @@ def find_runs(runs: list[str] | None, sweep: str | None) -> list[Path]:
     """The chains named by ``runs=[...]`` or by the job subdirectories of ``sweep=``: one per
     run directory, or each ``chain_<c>/`` of a run of several vectorised chains."""
     if not runs and not sweep:
-        raise ConfigError("give the chains to diagnose: runs=[dir1,dir2] (fli-nuts run directories) or "
-                          "sweep=<dir> (a fli-nuts multirun directory)")
+        raise ConfigError("give the chains to diagnose: runs=[dir1,dir2] (fli-sample or fli-nuts run directories) "
+                          "or sweep=<dir> (their multirun directory)")
     if runs and sweep:
         raise ConfigError("give runs=[...] or sweep=<dir>, not both")
     if runs:
         out = [Path(r) for r in runs]
         for r in out:
             if not r.is_dir():
-                raise ConfigError(f"runs: {r} is not a directory (a fli-nuts run directory)")
+                raise ConfigError(f"runs: {r} is not a directory (a fli-sample or fli-nuts run directory)")
         return [c for r in out for c in chains_of(r)]
     s = Path(sweep)
     if not s.is_dir():
-        raise ConfigError(f"sweep={s} is not a directory (a fli-nuts multirun directory, e.g. multirun/nuts/<date>)")
+        raise ConfigError(f"sweep={s} is not a directory (a fli-sample or fli-nuts multirun directory, e.g. "
+                          "multirun/sample/<date>)")
     jobs = [p for p in s.iterdir() if p.is_dir() and not p.name.startswith(".") and is_sampling_run(p)]
     if not jobs:
-        raise ConfigError(f"sweep={s} holds no fli-nuts job directory (none with chunks/ or config.yaml)")
+        raise ConfigError(f"sweep={s} holds no fli-sample or fli-nuts job directory (none with chunks/ or config.yaml)")
     jobs = sorted(jobs, key=lambda p: (0, int(p.name)) if p.name.isdigit() else (1, p.name))
     return [c for j in jobs for c in chains_of(j)]
 
@@ -124,11 +126,11 @@ def read_chain(run: Path) -> Chain | str:
     """The chain of ``run``, or why it cannot be used (a sentence)."""
     run = Path(run)
     kind = kind_of(run)
-    if kind not in (None, "fli-nuts"):
-        return f"{run} is a {kind} run, not a fli-nuts run: give fli-nuts run directories"
+    if kind is not None and kind not in SAMPLING:
+        return f"{run} is a {kind} run, not a sampling run: give fli-sample or fli-nuts run directories"
     config = read_config(run)
     if config is None:
-        return f"{run}: no config.yaml (not a fli-nuts run directory)"
+        return f"{run}: no config.yaml (not a fli-sample or fli-nuts run directory)"
     done = complete_chunks(run)
     notes = []
     writing = chunks_being_written(run)

@@ -1,5 +1,5 @@
-"""The run loop of a sampling run (``fli-nuts``): chains in chunks, outputs and checkpoints
-after each, resumable and extendable.
+"""The run loop of a sampling run (``fli-sample``; ``fli-nuts`` for NumPyro's kernels): chains in
+chunks, outputs and checkpoints after each, resumable and extendable.
 
 Every process runs the same code and the same jitted programs; process 0 writes the small
 files, each process its own blocks of the fields. The loop: read the observation and build the
@@ -56,7 +56,6 @@ from fli.manifest import check_kind, check_same_observation, read_manifest, writ
 from fli.power import default_kedges
 from fli.sharding import replicated_to_host
 
-COMMAND = "fli-nuts"
 # the field names of Accum in checkpoints written before they were renamed
 _LEGACY_ACCUM = {"mean_k": "mean_kappa", "m2_k": "m2_kappa"}
 
@@ -109,12 +108,13 @@ def _legacy_accum(acc: Accum):
     return namedtuple("Accum", names)(*acc)
 
 
-def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> dict:
-    """Sample (or resume) the run's chains into ``run_dir``; returns the content of ``nuts.json``."""
+def run_chains(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger, command: str = "fli-sample") -> dict:
+    """Sample (or resume) the run's chains into ``run_dir``; returns the content of ``nuts.json``.
+    ``command``, the one the user ran (``fli-sample`` or ``fli-nuts``), goes in the manifest."""
     from fli.infer.map import prepare  # noqa: PLC0415
 
     run_dir = Path(run_dir)
-    check_kind(run_dir, COMMAND)
+    check_kind(run_dir, command)
     icfg = cfg.inference
     n_chains = icfg.chains_per_run
     obs, post, data = prepare(cfg, log, compare_truth=False)
@@ -166,7 +166,7 @@ def run_nuts(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) ->
         tidy_chunks(d, last, log)
     for d in dict.fromkeys([run_dir, *chain_dirs]):  # the run is valid: say what it is
         write_config(d, resolved)
-        write_manifest(d, COMMAND, resolved, obs)
+        write_manifest(d, command, resolved, obs)
     if done >= total:
         log.info("nothing to do: %d draws done of %d", done, total)
     kedges = default_kedges(grid.fft, grid.box)

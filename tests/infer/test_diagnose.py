@@ -336,9 +336,9 @@ def test_command_sweep_directory(tmp_path, config):
 @pytest.mark.parametrize("args, match", [
     ([], "give the chains to diagnose"),
     (["runs=[{empty}]"], "no complete chunk yet"),
-    (["runs=[{mock}]"], "is a fli-mock run, not a fli-nuts run"),
+    (["runs=[{mock}]"], "is a fli-mock run, not a sampling run"),
     (["runs=[{missing}]"], "is not a directory"),
-    (["sweep={empty}"], "holds no fli-nuts job directory"),
+    (["sweep={empty}"], "holds no fli-sample or fli-nuts job directory"),
     (["runs=[{empty}]", "sweep={empty}"], "not both"),
     (["diagnose.rhat_pass=0.9"], "diagnose.rhat_pass"),
 ])

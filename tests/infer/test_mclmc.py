@@ -159,8 +159,8 @@ def _latent(target):
 
 # 275 s in the fresh-clone CI of 063a3ad with three fli-nuts runs; two now: 191 s in that of 469bd9a
 @pytest.mark.slow(seconds=190)
-def test_fli_nuts_runs_mclmc_in_chunks_and_resumes_it_bit_for_bit(small_mock, tmp_path, caplog):
-    """``inference.kernel=mclmc`` through fli-nuts as a user runs it: a 12-draw run, its newest
+def test_fli_sample_runs_mclmc_in_chunks_and_resumes_it_bit_for_bit(small_mock, tmp_path, caplog):
+    """``inference.kernel=mclmc`` through fli-sample as a user runs it: a 12-draw run, its newest
     checkpoint damaged, extended to 16 draws, samples chunk 2 again from checkpoint 1 exactly as
     the first run did, draws and stats bitwise (the tuned step size and L, the key and the
     velocity are in the checkpointed state); the stats hold the energy error, finite after the
@@ -168,18 +168,18 @@ def test_fli_nuts_runs_mclmc_in_chunks_and_resumes_it_bit_for_bit(small_mock, tm
     import json
     import shutil
 
-    from fli.cli.nuts import main as nuts_main
+    from fli.cli.sample import main as sample_main
     from fli.infer.run_store import complete_chunks, read_chunks
     from tests.helpers.posterior import CHAIN, SMALL, truncate_state
 
     base = [*SMALL, *CHAIN, f"mock={small_mock}", "inference.kernel=mclmc"]
     whole, part = tmp_path / "whole", tmp_path / "part"
-    assert nuts_main([*base, f"run_dir={whole}"]) == 0
+    assert sample_main([*base, f"run_dir={whole}"]) == 0
     shutil.copytree(whole, part)
     shutil.rmtree(part / "chunks" / "chunk_00002")  # sampled again, not kept from the copy
     truncate_state(part / "checkpoints" / "2")
     with caplog.at_level("WARNING"):
-        assert nuts_main([*base, f"run_dir={part}", "inference.num_samples=10"]) == 0
+        assert sample_main([*base, f"run_dir={part}", "inference.num_samples=10"]) == 0
     assert any("falling back to checkpoint 1" in r.message for r in caplog.records)
     assert complete_chunks(part) == [0, 1, 2, 3]
     a, b = read_chunks(whole, [2]), read_chunks(part, [2])

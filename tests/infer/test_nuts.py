@@ -113,6 +113,27 @@ def test_init_from_a_map_of_another_mock_is_refused(small_mock, tmp_path, capsys
     assert "not 'prior', 'truth', a point file (.json or .npz) or a fli-map run directory" in capsys.readouterr().err
 
 
+
+def test_fli_nuts_sends_mclmc_to_fli_sample_and_each_continues_the_others_runs(small_mock, tmp_path, capsys):
+    """fli-nuts runs NumPyro's kernels only: inference.kernel=mclmc is refused in one line naming
+    the key and fli-sample, exit 2, no run directory left; a run made by either command is one
+    that both continue, and one that fli-map refuses, naming who made it."""
+    from fli.config import ConfigError
+    from fli.manifest import SAMPLING, check_kind, write_manifest
+
+    run = tmp_path / "run"
+    assert nuts_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", "inference.kernel=mclmc"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "inference.kernel=mclmc" in err[0] and "run fli-sample" in err[0], err
+    assert not run.exists()
+    for made_by in SAMPLING:
+        d = tmp_path / made_by
+        write_manifest(d, made_by, {"seed": 0})
+        for command in SAMPLING:
+            check_kind(d, command)  # raises where it refuses
+        with pytest.raises(ConfigError, match=f"is a {made_by} run; fli-map needs"):
+            check_kind(d, "fli-map")
+
 # slow: most of the 201 s that this test and the 5 point tests below added to the fresh-clone
 # default suite (a vmapped program compiled, a run and its extension); the one-chain machinery
 # it builds on stays in the default set (the tests above)
