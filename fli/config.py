@@ -250,6 +250,7 @@ INIT_REDRAWS = ("wiener", "none")
 SAMPLERS = ("sharded", "numpyro")
 KERNELS = ("nuts", "hmc", "mclmc", "adjusted_mclmc")
 INTEGRATORS = ("mclachlan", "leapfrog")
+MCLMC_LENGTHS = ("variance", "autocorrelation")
 PRECONDITIONERS = ("none", "lowrank")
 
 
@@ -260,6 +261,9 @@ class InferenceConfig:
     map: MapConfig = field(default_factory=MapConfig)
     kernel: str = "nuts"  # "nuts" | "hmc" (NumPyro's) | "mclmc" | "adjusted_mclmc" (fli's; sampler=sharded)
     integrator: str = "mclachlan"  # MCLMC's splitting of a step: "mclachlan" (2 gradients) | "leapfrog" (1)
+    # MCLMC's trajectory length L at the warm-up's end: "variance" (sqrt of the summed variances) |
+    # "autocorrelation" (then from the decorrelation of a few projections; fli/infer/mclmc.py)
+    mclmc_length: str = "variance"
     num_warmup: int = 200  # warm-up transitions: step size and diagonal mass matrix adapted
     num_samples: int = 200  # draws after warm-up (may be raised to extend a run)
     max_tree_depth: int = 6  # NUTS
@@ -283,6 +287,8 @@ class InferenceConfig:
         _check(self.num_warmup >= 0, "inference.num_warmup", ">= 0", self.num_warmup)
         _check(self.kernel in KERNELS, "inference.kernel", "'nuts', 'hmc', 'mclmc' or 'adjusted_mclmc'", self.kernel)
         _check(self.integrator in INTEGRATORS, "inference.integrator", "'mclachlan' or 'leapfrog'", self.integrator)
+        _check(self.mclmc_length in MCLMC_LENGTHS, "inference.mclmc_length", "'variance' or 'autocorrelation'",
+               self.mclmc_length)
         _check(_finite(self.target_accept) and 0 < self.target_accept < 1, "inference.target_accept",
                "in (0, 1)", self.target_accept)
         _check(_finite(self.step_size) and self.step_size > 0, "inference.step_size", "> 0", self.step_size)

@@ -32,7 +32,14 @@ Tuning, inside the state, during the warm-up (``i < num_warmup``):
   divergence: it is undone (position and gradient kept, the velocity refreshed) and the step
   size shrinks by :data:`SHRINK`;
 * the trajectory length ``L``, from ``sqrt(d)`` at the start to ``sqrt(sum Var z)`` over the
-  warm-up's second half (a Welford pass), set at its last transition.
+  warm-up's second half (a Welford pass); then, with ``tune_L="autocorrelation"``
+  (``inference.mclmc_length``) and a warm-up of :data:`MIN_WINDOW` / :data:`WINDOW` transitions or more, from how
+  fast the chain decorrelates under that ``L``: over the warm-up's last :data:`WINDOW` it
+  records a few scalar projections of the position (:func:`projections`: the parameters'
+  latents and :data:`N_SIGNS` random-sign sums of all coordinates), and at its last transition
+  sets ``L = LFACTOR eps mean(tau)``, ``tau`` their integrated autocorrelation times in steps
+  (:mod:`fli.infer.autocorrelation`). The buffer is [window, projections], replicated: no
+  [steps x latents] array (BlackJAX's third tuning stage, which stores every coordinate).
 
 After the warm-up both are fixed. A divergence after it is still undone and reported.
 
@@ -43,11 +50,13 @@ that the warm-up aims at and fli-diagnose checks.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from fli.infer.autocorrelation import autocorrelation_time
 from fli.infer.sampler import Kernel, LatentLayout, StepInfo, chains_of
 
 LAMBDA = 0.1931833275037836  # McLachlan's minimal-norm splitting (B lam A 1/2 B 1-2lam A 1/2 B lam)
@@ -61,6 +70,11 @@ DECAY = 0.95  # the first half of the warm-up's step-size average forgets a step
 SHRINK = 0.8  # step-size factor after a divergence during the warm-up
 DIVERGED = 1e4  # xi = dE^2 / (d TARGET) beyond this (|dE| 100x the target's sd) is a divergence
 MIN_STEP = 1e-5  # the step size is kept above it (eps^6 stays a normal float32)
+WINDOW = 0.1  # the warm-up's last tenth sets L from the autocorrelation (tune_L="autocorrelation")
+MIN_WINDOW = 20  # shorter windows keep the variance's L: too few steps for an autocorrelation time
+LFACTOR = 0.4  # L = LFACTOR * eps * mean autocorrelation time (in steps), as BlackJAX's MCLMC tuner
+N_SIGNS = 4  # random-sign projections of the whole position recorded beside the parameters
+TUNE_L = ("autocorrelation", "variance")
 
 
 class MclmcState(NamedTuple):
@@ -79,6 +93,7 @@ class MclmcState(NamedTuple):
     n_z: Any  # the warm-up's second half: Welford count, mean and squared deviations of z
     mean_z: Any
     m2_z: Any
+    trace: Any  # the warm-up's last window: projections of z per transition [window, m] (replicated)
 
 
 def _dot(a, b):
@@ -144,11 +159,36 @@ def variance_length(take, last, z, n, mean_z, m2_z, L):
     return n, mean_z, m2_z, jnp.where(last & (n >= 2) & (var_sum > 0), jnp.sqrt(var_sum), L)
 
 
+def projections(z, theta):
+    """The scalars whose autocorrelation sets ``L``: the parameters' latents ``theta`` and
+    :data:`N_SIGNS` sums of all of ``z``'s coordinates with fixed pseudo-random signs (a hash of
+    the index: nothing stored, each a local sum and one all-reduce), over ``sqrt(size)`` so that
+    each is a unit-variance direction where ``z`` is white."""
+    idx = jax.lax.iota(jnp.uint32, z.shape[-1])
+    out = [theta.astype(z.dtype)]
+    for j in range(N_SIGNS):
+        h = idx * jnp.uint32(0x9E3779B1) + jnp.uint32(0x85EBCA77 * (j + 1) & 0xFFFFFFFF)
+        h = h ^ (h >> jnp.uint32(15))
+        sign = 1.0 - 2.0 * ((h >> jnp.uint32(7)) & jnp.uint32(1)).astype(z.dtype)
+        out.append((_dot(z, sign) / jnp.sqrt(jnp.asarray(z.shape[-1], z.dtype)))[None])
+    return jnp.concatenate(out)
+
+
+def autocorrelation_window(num_warmup: int, tune_L: str) -> int:
+    """Transitions at the warm-up's end whose projections set ``L``; 0 where ``L`` stays the
+    variance's (``tune_L="variance"``, or a warm-up too short for :data:`MIN_WINDOW`)."""
+    if tune_L not in TUNE_L:
+        raise ValueError(f"inference.tune_L must be one of {TUNE_L}, got {tune_L!r}")
+    w = int(num_warmup * WINDOW)
+    return w if tune_L == "autocorrelation" and w >= MIN_WINDOW else 0
+
+
 def mclmc_kernel(post, latent: LatentLayout, num_warmup: int = 100, step_size: float = 0.1,
-                 integrator: str = "mclachlan") -> Kernel:
+                 integrator: str = "mclachlan", tune_L: str = "variance") -> Kernel:
     """Unadjusted MCLMC on ``latent`` (the sharded flat latent), tuned during ``num_warmup``
     transitions from the first step size ``step_size``. One transition is one integrator step
-    (1 gradient for the leapfrog, 2 for McLachlan's) and a partial refresh."""
+    (1 gradient for the leapfrog, 2 for McLachlan's) and a partial refresh. ``tune_L``: how the
+    warm-up ends by setting ``L`` (the module's docstring)."""
     if latent.pytree:
         raise ValueError("inference.kernel=mclmc runs on the flat latent: set inference.sampler=sharded")
     if integrator not in INTEGRATORS:
@@ -156,6 +196,9 @@ def mclmc_kernel(post, latent: LatentLayout, num_warmup: int = 100, step_size: f
     num_warmup, d = int(num_warmup), int(latent.dim)
     n_grads = len(INTEGRATORS[integrator][1])
     half = num_warmup // 2
+    window = autocorrelation_window(num_warmup, tune_L)
+    var_end = num_warmup - window  # the Welford pass covers [half, var_end), its L is set at var_end - 1
+    n_proj = post.layout.n_params + N_SIGNS
 
     def value_and_grad(data):
         return jax.value_and_grad(latent.potential_gen(data))
@@ -167,7 +210,8 @@ def mclmc_kernel(post, latent: LatentLayout, num_warmup: int = 100, step_size: f
         u = u / jnp.sqrt(_dot(u, u))
         f = lambda x: jnp.asarray(x, z0.dtype)
         return MclmcState(z0, u, U, g, key, jnp.zeros((), jnp.int32), f(step_size), f(jnp.sqrt(d)), f(0.0), f(0.0),
-                          jnp.zeros((), jnp.int32), jnp.zeros_like(z0), jnp.zeros_like(z0))
+                          jnp.zeros((), jnp.int32), jnp.zeros_like(z0), jnp.zeros_like(z0),
+                          jnp.zeros((max(window, 1), n_proj), z0.dtype))
 
     init, template = chains_of(init_one, latent)
 
@@ -190,11 +234,20 @@ def mclmc_kernel(post, latent: LatentLayout, num_warmup: int = 100, step_size: f
         tuned = jnp.maximum(jnp.where(jnp.isfinite(tuned), tuned, SHRINK * eps), MIN_STEP)
         new_eps = jnp.where(warm, tuned, eps)
         xi_avg, w_avg = jnp.where(warm & ~bad, xi_avg, state.xi_avg), jnp.where(warm & ~bad, w_avg, state.w_avg)
-        # L: Welford over the warm-up's second half, read at its last transition
-        n, mean_z, m2_z, L = variance_length(warm & (state.i >= half) & ~bad, warm & (state.i == num_warmup - 1),
-                                             z, state.n_z, state.mean_z, state.m2_z, state.L)
+        # L: Welford over the warm-up's second half (up to the window), read at its last transition
+        n, mean_z, m2_z, L = variance_length(warm & (state.i >= half) & (state.i < var_end) & ~bad,
+                                             warm & (state.i == var_end - 1), z, state.n_z, state.mean_z,
+                                             state.m2_z, state.L)
+        trace = state.trace
+        if window:  # ... then from the autocorrelation of the projections over the window
+            row = jnp.clip(state.i - var_end, 0, window - 1)
+            record = warm & (state.i >= var_end)
+            theta, _ = latent.latents(SimpleNamespace(z=z), data)
+            trace = jnp.where(record, trace.at[row].set(projections(z, theta)), trace)
+            tau = autocorrelation_time(trace)
+            L = jnp.where(warm & (state.i == num_warmup - 1), LFACTOR * new_eps * jnp.mean(tau), L)
         u = refresh(u, k_ref, eps, state.L, d)
-        new = MclmcState(z, u, U, g, key, state.i + 1, new_eps, L, xi_avg, w_avg, n, mean_z, m2_z)
+        new = MclmcState(z, u, U, g, key, state.i + 1, new_eps, L, xi_avg, w_avg, n, mean_z, m2_z, trace)
         new = jax.lax.with_sharding_constraint(new, latent.shardings(new))
         one = jnp.ones((), U.dtype)
         info = StepInfo(potential_energy=U, energy=jnp.full((), jnp.nan, U.dtype), diverging=bad,

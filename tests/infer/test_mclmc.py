@@ -2,6 +2,7 @@
 ODE integrated by RK4, the order of a second-order splitting's energy error, and a Gaussian
 target of known scales sampled on 8 devices."""
 
+import arviz as az
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,6 +121,33 @@ def test_adjusted_mclmc_on_8_devices_draws_the_gaussian_target_exactly():
     _check_moments(target, state, draws, mean_square=(0.3, 2.0), variance=0.035)
 
 
+def test_mclmc_sets_L_from_the_autocorrelation_of_its_projections():
+    """``tune_L="autocorrelation"`` on the same target and chains, 300 warm-up transitions: the
+    warm-up's last 30 (a tenth) record each chain's projections, which are the projections of
+    the positions it passed through (read back from the draws); L at the warm-up's end is
+    ``LFACTOR eps`` times their mean autocorrelation time; and with that L the chains still
+    draw the target, with the bounds of the test above."""
+    target = Gaussian(make_mesh((2, 4)))
+    kern = mclmc.mclmc_kernel(target, _latent(target), num_warmup=300, step_size=0.1, tune_L="autocorrelation")
+    assert mclmc.autocorrelation_window(300, "autocorrelation") == 30
+    state, (draws, errs, div, _) = _chains(target, kern, 270, 630)  # the draws begin with the window
+    assert not div.any()
+    lay = target.layout
+    window = jnp.asarray(draws[:, :30])  # [chain, step, entry]
+    proj = jax.vmap(jax.vmap(lambda z: mclmc.projections(z, lay.unpack(z)[0])))(window)
+    np.testing.assert_allclose(np.asarray(state.trace), np.asarray(proj), rtol=1e-5, atol=1e-5)
+    tau = np.asarray(jax.vmap(mclmc.autocorrelation_time)(state.trace))  # [chain, projection]
+    L = mclmc.LFACTOR * np.asarray(state.step_size) * tau.mean(axis=1)
+    np.testing.assert_allclose(np.asarray(state.L), L, rtol=1e-5)
+    after = draws[:, 30:]
+    scale = np.asarray(target.scales())
+    ess = np.asarray(az.ess(az.convert_to_dataset({"z": after}))["z"])
+    ms = float(np.mean((after.mean(axis=(0, 1)) / (scale / np.sqrt(ess))) ** 2))
+    assert 0.3 < ms < 2.0, ms
+    assert abs(float(np.mean(after.var(axis=(0, 1)) / scale ** 2)) - 1.0) < 0.05
+    assert mclmc.TARGET / 3 < float(np.mean(errs[30:] ** 2)) < 3 * mclmc.TARGET
+
+
 def _chains(target, kern, n_warm, n):
     """8 chains of ``kern`` from over-dispersed starts: the last state and, after the warm-up,
     the draws ``[chain, draw, entry]``, energy errors, divergences and acceptances."""
@@ -140,7 +168,6 @@ def _chains(target, kern, n_warm, n):
 
 
 def _check_moments(target, state, draws, mean_square, variance):
-    import arviz as az
 
     scale = np.asarray(target.scales())
     np.testing.assert_allclose(np.asarray(state.L), np.sqrt(np.sum(scale ** 2)), rtol=0.1)

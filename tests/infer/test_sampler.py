@@ -88,12 +88,15 @@ def test_numpyros_own_layout_gathers_the_field(post8, gradient_collectives):
 
 
 @pytest.mark.slow(seconds=55)  # each: one 8-device step compiled (54 s in CI)
-@pytest.mark.parametrize("kernel", ["adjusted_mclmc", "nuts"])  # MCLMC's step is one of adjusted's integrator steps
+@pytest.mark.parametrize("kernel", ["adjusted_mclmc", "nuts", "mclmc"])
 def test_the_preconditioned_kernels_gather_no_field(post8, gradient_collectives, kernel):
-    """fli's adjusted MCLMC kernel and NUTS in the low-rank preconditioned latent
+    """fli's MCLMC kernels and NUTS in the low-rank preconditioned latent
     (fli/infer/precondition.py), compiled on 8 devices: every collective beyond the forward
     model's own is an all-reduce of at most ``rank`` numbers (``V y``, ``V g``, the inner
-    products); nothing gathers the field or a row of ``V``."""
+    products); nothing gathers the field or a row of ``V``. MCLMC's step is one of the adjusted
+    kernel's integrator steps, plus, with ``mclmc_length=autocorrelation`` (its warm-up long
+    enough for the window), the projections it records: the parameters read through ``V`` and
+    random-sign sums of the position."""
     from fli.infer.kernels import make_kernel
     from fli.infer.precondition import VECS_SPEC, LowRank, Preconditioned
 
@@ -104,8 +107,9 @@ def test_the_preconditioned_kernels_gather_no_field(post8, gradient_collectives,
     pre = LowRank(lay.pack(lat.theta, lat.s), vecs,
                   jax.device_put(jnp.linspace(100.0, 1.0, rank), jax.NamedSharding(lay.mesh, jax.P())))
     kd = Preconditioned(data, pre)
-    k = make_kernel(post, "sharded", kernel=kernel, integrator="leapfrog", precondition="lowrank", num_warmup=10,
-                    max_tree_depth=3)
+    kw = dict(mclmc_length="autocorrelation", num_warmup=200) if kernel == "mclmc" else dict(num_warmup=10)
+    k = make_kernel(post, "sharded", kernel=kernel, integrator="leapfrog", precondition="lowrank", max_tree_depth=3,
+                    **kw)
     ops = collectives(_step_hlo(post, kd, "sharded", kernel=k))
     added = beyond_the_forward(ops, gradient_collectives, max(rank, lay.n_tail))
     assert not added, added
