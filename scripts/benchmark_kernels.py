@@ -4,10 +4,11 @@
 Each named setting runs ``--chains`` chains of ``fli-sample`` (seeds 0 .. chains-1), each its
 own process, ``--jobs`` at a time, every process pinned to one core with XLA single-threaded
 (two processes per core share it better than one process on both: docs/benchmarks.md, "fli-nuts
-on the tiny mock"), under ``nice -n 19`` (tests and CI keep the cores). Then ``fli-diagnose`` combines each setting's chains, and
-the table (markdown, and JSON with ``--json``) gives per parameter the bulk and tail ESS per
-1000 post-warm-up gradient evaluations, R-hat, the posterior mean and sd, and per setting the
-warm-up's and the draws' gradient evaluations and the chains' own sampling time.
+on the tiny mock"), under ``nice -n 19`` (tests and CI keep the cores). Then ``fli-diagnose``
+combines each setting's chains, and the table (markdown, and JSON with ``--json``) gives per
+parameter the bulk and tail ESS per 1000 post-warm-up gradient evaluations, R-hat, the
+posterior mean and sd, and per setting the warm-up's and the draws' gradient evaluations and
+the chains' own sampling time.
 
 Resumable: started again with the same ``--out``, every run continues from its last complete
 chunk (fli-sample's own resume) and a finished one is passed over, so a long study can be
