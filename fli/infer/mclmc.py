@@ -56,6 +56,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fli.config import MCLMC_LENGTHS
 from fli.infer.autocorrelation import autocorrelation_time
 from fli.infer.sampler import Kernel, LatentLayout, StepInfo, chains_of
 
@@ -74,7 +75,6 @@ WINDOW = 0.1  # the warm-up's last tenth sets L from the autocorrelation (tune_L
 MIN_WINDOW = 20  # shorter windows keep the variance's L: too few steps for an autocorrelation time
 LFACTOR = 0.4  # L = LFACTOR * eps * mean autocorrelation time (in steps), as BlackJAX's MCLMC tuner
 N_SIGNS = 4  # random-sign projections of the whole position recorded beside the parameters
-TUNE_L = ("autocorrelation", "variance")
 
 
 class MclmcState(NamedTuple):
@@ -177,8 +177,8 @@ def projections(z, theta):
 def autocorrelation_window(num_warmup: int, tune_L: str) -> int:
     """Transitions at the warm-up's end whose projections set ``L``; 0 where ``L`` stays the
     variance's (``tune_L="variance"``, or a warm-up too short for :data:`MIN_WINDOW`)."""
-    if tune_L not in TUNE_L:
-        raise ValueError(f"inference.tune_L must be one of {TUNE_L}, got {tune_L!r}")
+    if tune_L not in MCLMC_LENGTHS:
+        raise ValueError(f"inference.mclmc_length must be one of {MCLMC_LENGTHS}, got {tune_L!r}")
     w = int(num_warmup * WINDOW)
     return w if tune_L == "autocorrelation" and w >= MIN_WINDOW else 0
 
