@@ -209,6 +209,30 @@ class PriorConfig:
             _check(p in PARAM_NAMES, f"prior.params.{p}", f"a parameter among {PARAM_NAMES}", p)
 
 
+ESTIMATORS = ("joint", "muse")
+
+
+@dataclass
+class MuseConfig:
+    """``fli-map inference.map.estimator=muse``: the MUSE estimate of the parameters
+    (fli/infer/muse.py), after the joint MAP."""
+
+    n_sims: int = 32  # simulations per iteration (their scores' mean and covariance)
+    iterations: int = 8  # Newton iterations at most (may be raised to continue a run)
+    tol: float = 0.05  # stop when every parameter's Newton step is below tol MUSE sds
+    fd_step: float = 0.05  # H's central-difference step in the standardised parameters
+    map_steps: int = 1000  # optimiser steps per field MAP at most
+    gtol: float = 1e-4  # a field MAP stops when its gradient's RMS per cell is below gtol
+
+    def __post_init__(self) -> None:
+        _check(self.n_sims >= 4, "inference.map.muse.n_sims", ">= 4 (their covariance is J)", self.n_sims)
+        for k in ("iterations", "map_steps"):
+            _check(getattr(self, k) >= 1, f"inference.map.muse.{k}", ">= 1", getattr(self, k))
+        for k in ("tol", "fd_step", "gtol"):
+            v = getattr(self, k)
+            _check(_finite(v) and v > 0, f"inference.map.muse.{k}", "> 0", v)
+
+
 @dataclass
 class MapConfig:
     """``fli-map``: maximise the log posterior over (theta, s) with Optax."""
@@ -230,8 +254,14 @@ class MapConfig:
     cg_tol: float = 1e-5
     cg_maxiter: int = 1000
     compare_truth: Optional[bool] = None  # r(k), T(k), r_ell against a mock's truth; None: when present
+    # the parameters' estimate: "joint" (the joint MAP and its Laplace width) | "muse" (the joint
+    # MAP, then MUSE's estimate and covariance beside it; fli/infer/muse.py)
+    estimator: str = "joint"
+    muse: MuseConfig = field(default_factory=MuseConfig)
 
     def __post_init__(self) -> None:
+        _check(self.estimator in ESTIMATORS, "inference.map.estimator", " or ".join(map(repr, ESTIMATORS)),
+               self.estimator)
         _check(self.optimizer in ("lbfgs", "adam"), "inference.map.optimizer", "'lbfgs' or 'adam'", self.optimizer)
         _check(self.schedule in ("constant", "cosine", "exponential"), "inference.map.schedule",
                "'constant', 'cosine' or 'exponential'", self.schedule)

@@ -48,7 +48,8 @@ JOINT_MAP_NOTE = (
     "(log-determinant) term of the field, and when many modes are data-dominated an amplitude such as sigma8 "
     "is biased (Seljak et al. 2017; Millea & Seljak 2022). laplace.marginal is the Gaussian width of theta "
     "with the field marginalised around this point; it is not a posterior error bar where the joint-MAP bias "
-    "exceeds it (docs/benchmarks.md measures that bias). Use fli-nuts for the posterior.")
+    "exceeds it (docs/benchmarks.md measures that bias). For parameters with honest errors from MAP fits alone use "
+    "inference.map.estimator=muse (the muse block); for the posterior, fli-sample.")
 
 
 def prepare(cfg: Config, log: logging.Logger, compare_truth: bool = True):
@@ -99,6 +100,10 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
         check_same_observation((read_manifest(run_dir) or {}).get("observation"), obs, f"run_dir {run_dir}",
                                legacy_path=meta["config"].get("mock"))
     theta_fixed = _fixed_theta(cfg, post)
+    if mcfg.estimator == "muse" and (theta_fixed is not None or not post.prior.n):
+        why = "inference.map.fix_cosmology is true" if theta_fixed is not None else "prior.sample is empty"
+        raise ConfigError(f"inference.map.estimator=muse estimates the sampled parameters, but {why}: "
+                          f"set inference.map.estimator=joint, or sample parameters")
     step_fn, opt = make_step(post, mcfg, theta_fixed)
     init = post.zeros()
     if theta_fixed is not None:
@@ -216,6 +221,18 @@ def finish(cfg: Config, run_dir: Path, obs, post: Posterior, data: Data, run: Ma
         tr = {k: float(v) for k, v in jax.jit(post.params)(jnp.asarray(post.theta_of(obs.truth))).items()}
         out["truth"].update({k: tr[k] for k in ("Omega_m", "S8")})
         out["error"] = {k: phys[k] - out["truth"][k] for k in out["truth"]}
+    out["estimators"] = {"params": "joint MAP", "laplace": "Laplace approximation at the joint MAP",
+                         "error": "joint MAP minus truth"}
+    if mcfg.estimator == "muse":
+        from fli.infer.muse_run import muse_block, run_muse  # noqa: PLC0415
+
+        res = run_muse(cfg, run_dir, post, data, lat, log)
+        out["muse"] = muse_block(res, post, mcfg.muse, out.get("truth"))
+        out["estimators"]["muse"] = "MUSE (every number in the block)"
+        m = out["muse"]
+        log.info("MUSE: %s after %d iterations%s", " ".join(f"{k}={m['params'][k]:.4f}+-{m['sd'][k]:.4f}"
+                                                          for k in m["params"]),
+                 m["iterations"], "" if m["converged"] else " (NOT converged: raise inference.map.muse.iterations)")
     # the field, each process writing its blocks
     write_arrays(run_dir / FIELD_NAME, {"white_noise": lat.s}, {"units": "unit Gaussian per cell",
                                                                "pdims": list(fwd.grid.pdims)})
@@ -231,6 +248,10 @@ def finish(cfg: Config, run_dir: Path, obs, post: Posterior, data: Data, run: Ma
                            "k_T_half": {k: metrics["field"][k]["k_T_half"] for k in metrics["field"]},
                            "ell_r_half": metrics["kappa"]["ell_r_half"]}
     out["figures"] = figures.map_figures(run_dir, post, obs, data, kappa, hist, metrics, lin)
+    if "muse" in out and jax.process_index() == 0:
+        from fli.infer.muse_run import estimates_figure  # noqa: PLC0415
+
+        out["figures"]["estimates"] = str(estimates_figure(out, run_dir / "estimates.png"))
     _write_history(run_dir, run)
     write_json(run_dir / MAP_JSON, out, default=float)
     barrier("fli-map-done")

@@ -180,7 +180,7 @@ def run_map(post: Posterior, data: Data, mcfg: MapConfig, run: MapRun, step_fn, 
     """
     widths = stage_widths(mcfg, pixel_arcmin)
     n_st = len(widths)
-    while run.step < mcfg.steps:
+    while run.step < mcfg.steps and not converged(run, mcfg):  # a resumed, converged run takes no step
         stage = stage_of(run.step, mcfg, n_st)
         if run.step > 0 and stage != stage_of(run.step - 1, mcfg, n_st) and mcfg.optimizer == "lbfgs":
             run.opt_state = init_state(opt, run.params, post)  # new objective: forget the old curvature pairs

@@ -61,6 +61,9 @@ def _run(args, **kw):
     (["prior.params.Omega_c.low=0.05"], "prior corner"),
     (["simulation.mesh=[8,8,16]", "lensing.n_planes=4"], "simulation.mesh"),
     (["simulation.box=[320.0,320.0,3800.0]"], "simulation.box"),
+    (["inference.map.estimator=muse", "inference.map.fix_cosmology=true"], "inference.map.estimator=muse"),
+    (["inference.map.estimator=muse", "prior.sample=[]"], "inference.map.estimator=muse"),
+    (["inference.map.estimator=mu"], "inference.map.estimator"),
 ])
 def test_bad_input_is_refused_and_nothing_written(small_mock, tmp_path, capsys, over, match):
     run = tmp_path / "refused"

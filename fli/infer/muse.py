@@ -1,0 +1,404 @@
+r"""MUSE, the Marginal Unbiased Score Expansion (Millea & Seljak 2022, arXiv:2112.09354): an
+estimate of the cosmological parameters, with an error bar, from MAP fits of the field alone.
+
+The joint MAP over ``(theta, s)`` is biased (fli.infer.map.JOINT_MAP_NOTE). MUSE keeps the
+field's MAP but fixes theta while fitting it, and corrects the data's score with the same
+score on simulations:
+
+* ``s_hat(theta, x) = argmin_s U(theta, s; x)``, the field's MAP at fixed theta (fli-map's
+  optimiser, :class:`FieldSolver`);
+* ``g(theta, x) = -d/dtheta [U(theta, s; x) - |theta|^2 / 2]`` at ``s = s_hat``: the score of
+  the joint likelihood ``log p(x, s | theta)`` (the white noise's prior does not depend on
+  theta in this non-centred model, so it drops out);
+* ``F(theta) = g(theta, d) - <g(theta, x_i)>_i - theta``: the data's score minus its mean over
+  ``N`` simulations ``x_i ~ p(x | theta)``, plus the score of theta's standard-normal prior.
+
+The estimate solves ``F(theta) = 0``. Its expectation over data drawn at theta is zero by
+construction, whatever the field's MAP is: that is the estimator's unbiasedness. Newton's
+iteration, ``theta <- theta + (H + I)^-1 F(theta)``, with
+
+* ``H = d <g(theta, x)>_{x ~ p(x | theta')} / d theta'`` at ``theta' = theta``: the
+  simulations' mean score as the parameters that make them move. It is taken by central
+  finite differences in ``theta'`` with common random numbers (each simulation keeps its white
+  noise and shape noise; :func:`finite_difference_h`);
+* ``J = Cov_i[g(theta, x_i)]``: the scores' covariance over the simulations.
+
+Covariance: ``Sigma = (H^T J^-1 H + I)^-1``, the likelihood's ``H^-1 J H^-T`` combined with the
+standard-normal prior. For a Gaussian field observed linearly (``simulation.forward=linear``)
+the score ``g`` is, up to a constant, the marginal likelihood's own score, so MUSE is then the
+marginal posterior's mode; tests/infer/test_muse.py holds it against fli.infer.exact.
+
+**theta is standardised** (``theta_z``, a priori N(0, I), fli.infer.priors): the prior's score
+and Hessian are then ``-theta`` and ``-I``, bounded priors have no edges for Newton's step to
+cross, and a finite-difference step means the same fraction of the prior for every parameter.
+:meth:`MuseResult.physical` maps the estimate through the prior transform and the covariance
+by the delta method (and adds Omega_m and S8).
+
+**Monte Carlo error.** ``N`` simulations leave ``theta_MUSE`` an error of covariance
+``(H + I)^-1 J (H + I)^-T / N`` (``MuseResult.mc_cov``). The covariance's own Monte Carlo
+error is given by resampling the simulations (:meth:`MuseResult.bootstrap_sd`).
+
+Each simulation ``i`` draws its white noise and shape noise from ``fold_in(key, i)`` at every
+iteration (common random numbers: ``F`` is then a smooth function of theta, and the iteration
+converges to one point), and its field MAP starts from its own previous one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+
+from fli.infer.model import Data, Latents, Posterior
+from fli.lensing import KAPPA_SPEC
+
+MUSE_STREAM = 0x4D555345  # "MUSE": the simulations' keys are fold_in(key(seed), MUSE_STREAM) then i
+
+
+# ================================================================================ pieces
+
+
+class FieldSolver:
+    """``solve(theta, s0, data) -> (s_hat, steps, grad_norm, evals)``: the field's MAP at fixed
+    theta with fli-map's optimiser (``inference.map.optimizer``, L-BFGS by default), from
+    ``s0``, until the gradient's RMS per cell is below ``gtol`` or ``max_steps``.
+
+    One compiled program per posterior (theta and the data are arguments): the loop runs on the
+    device, and the optimiser's memory stays sharded like the field. ``grad_norm`` is the RMS
+    of the gradient before the last step.
+    """
+
+    def __init__(self, post: Posterior, map_cfg, max_steps: int, gtol: float):
+        import optax  # noqa: PLC0415
+
+        from fli.infer.optimize import make_optimizer  # noqa: PLC0415
+        from fli.sharding import field_leaf_shardings  # noqa: PLC0415
+
+        opt = make_optimizer(map_cfg)
+        grid = post.fwd.grid
+        lbfgs = map_cfg.optimizer == "lbfgs"
+        rms = math.sqrt(grid.n_cells)
+
+        def keep(state):
+            return jax.lax.with_sharding_constraint(state, field_leaf_shardings(state, grid.mesh, grid.shape))
+
+        def solve(theta, s0, data):
+            f = lambda s: post.potential(Latents(theta, s), data)
+
+            def body(carry):
+                s, state, k, _, ev = carry
+                if lbfgs:
+                    value, grad = optax.value_and_grad_from_state(f)(s, state=state)
+                    upd, state = opt.update(grad, state, s, value=value, grad=grad, value_fn=f)
+                    n = jnp.asarray(optax.tree.get(state, "num_linesearch_steps"), jnp.int32)
+                else:
+                    grad = jax.grad(f)(s)
+                    upd, state = opt.update(grad, state, s)
+                    n = jnp.asarray(1, jnp.int32)
+                return optax.apply_updates(s, upd), keep(state), k + 1, optax.tree.norm(grad) / rms, ev + n
+
+            def cond(carry):
+                return (carry[2] < max_steps) & (carry[3] > gtol)
+
+            init = (s0, keep(opt.init(s0)), jnp.asarray(0, jnp.int32), jnp.asarray(jnp.inf, s0.dtype),
+                    jnp.asarray(0, jnp.int32))
+            s, _, k, gn, ev = jax.lax.while_loop(cond, body, init)
+            return s, k, gn, ev
+
+        self._solve = jax.jit(solve)
+
+    def __call__(self, theta, s0, data: Data):
+        from fli.sharding import replicated_to_host  # noqa: PLC0415
+
+        s, k, gn, ev = self._solve(theta, s0, data)
+        return s, int(replicated_to_host(k)), float(replicated_to_host(gn)), int(replicated_to_host(ev))
+
+
+def make_score(post: Posterior):
+    """Jitted ``(theta, s, data) -> g``: the joint likelihood's score in theta at fixed ``s``,
+    ``-(dU/dtheta - theta)`` (U's standard-normal prior on theta taken out)."""
+
+    def score(theta, s, data):
+        return theta - jax.grad(lambda th: post.potential(Latents(th, s), data))(theta)
+
+    return jax.jit(score)
+
+
+def make_simulator(post: Posterior):
+    """Jitted ``(theta, key, data) -> Data``: a draw of the observation from the model at
+    ``theta``: white noise and shape noise (``data.sigma`` per bin) from ``key``, the mask and
+    noise of ``data`` kept. The same key gives the same noise at every theta."""
+    from fli.sharding import white_noise  # noqa: PLC0415
+
+    g = post.fwd.grid
+    kappa_sharding = NamedSharding(g.mesh, KAPPA_SPEC)
+
+    def simulate(theta, key, data):
+        k_field, k_noise = jax.random.split(key)
+        s = white_noise(k_field, g.shape, g.mesh, dtype=g.jdtype)
+        kappa, _ = post.predict(Latents(theta, s))
+        eps = jax.lax.with_sharding_constraint(jax.random.normal(k_noise, kappa.shape, kappa.dtype), kappa_sharding)
+        observed = data.weight > 0
+        kobs = jnp.where(observed, kappa + data.sigma.astype(kappa.dtype)[:, None, None] * eps, 0)
+        return Data(kobs, data.weight, data.sigma)
+
+    return jax.jit(simulate)
+
+
+# ============================================================================== the result
+
+
+@dataclasses.dataclass
+class MuseResult:
+    """The MUSE estimate in the standardised latents and what it was made of.
+
+    Attributes:
+        names: the sampled parameters.
+        theta_z: ``[n]`` the estimate; cov_z: ``[n, n]`` its covariance (prior included).
+        h, j: ``[n, n]`` the last H (finite differences) and J (scores' covariance).
+        mc_cov_z: ``[n, n]`` the Monte Carlo covariance of ``theta_z`` from the N simulations.
+        sim_scores: ``[N, n]`` the simulations' scores at the last evaluation; data_score ``[n]``.
+        h_columns: ``[N, n, n]`` each simulation's finite-difference columns of H (for the bootstrap).
+        history: one dict per iteration (theta, step, F, seconds, gradient evaluations).
+        converged: whether the last Newton step was below ``tol`` times the MUSE sd.
+    """
+
+    names: tuple[str, ...]
+    theta_z: np.ndarray
+    cov_z: np.ndarray
+    h: np.ndarray
+    j: np.ndarray
+    mc_cov_z: np.ndarray
+    sim_scores: np.ndarray
+    data_score: np.ndarray
+    h_columns: np.ndarray
+    history: list
+    converged: bool
+    grad_evals: int
+    seconds: float
+
+    @property
+    def sd_z(self) -> np.ndarray:
+        return np.sqrt(np.diag(self.cov_z))
+
+    def bootstrap_sd(self, n_boot: int = 200, seed: int = 0) -> np.ndarray:
+        """The Monte Carlo sd of each of ``sd_z`` over resamplings of the simulations (their
+        scores for J, their finite-difference columns for H)."""
+        rng = np.random.default_rng(seed)
+        n = self.sim_scores.shape[0]
+        out = []
+        for _ in range(n_boot):
+            idx = rng.integers(0, n, n)
+            out.append(np.sqrt(np.diag(covariance(self.h_columns[idx].mean(0), np.cov(self.sim_scores[idx].T)))))
+        return np.std(np.asarray(out), axis=0, ddof=1)
+
+    def physical(self, post: Posterior) -> dict:
+        """``{"value": {...}, "sd": {...}, "cov": [[...]], "mc_sd": {...}, "names": [...]}`` of the
+        sampled parameters and Omega_m, S8: the estimate through the prior transform, the
+        covariances by the delta method (first order in the MUSE width)."""
+        th = jnp.asarray(self.theta_z, post.fwd.grid.jdtype)
+        vals = {k: float(v) for k, v in post.params(th).items()}
+        names = list(vals)
+        jac = np.asarray(jax.jacfwd(lambda t: jnp.stack(list(post.params(t).values())))(th), np.float64)
+        cov = jac @ self.cov_z @ jac.T
+        mc = jac @ self.mc_cov_z @ jac.T
+        sd = lambda c: {k: float(math.sqrt(max(c[i, i], 0.0))) for i, k in enumerate(names)}
+        return {"names": names, "value": vals, "sd": sd(cov), "cov": cov.tolist(), "mc_sd": sd(mc)}
+
+
+MAX_STEP = 1.0  # the longest Newton step, in prior sds (the standardised latents' units)
+
+
+def _capped(step: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(step))
+    return step if norm <= MAX_STEP else step * (MAX_STEP / norm)
+
+
+def covariance(h: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """``(H^T J^-1 H + I)^-1``: the likelihood's ``H^-1 J H^-T`` with the standard-normal prior."""
+    h, j = np.asarray(h, np.float64), np.asarray(j, np.float64)
+    try:
+        jinv_h = np.linalg.solve(j, h)
+    except np.linalg.LinAlgError:
+        raise FloatingPointError(f"MUSE: the simulations' scores have a singular covariance J = {j.tolist()}: "
+                                 f"raise inference.map.muse.n_sims, or check that every sampled parameter "
+                                 f"changes the model") from None
+    prec = h.T @ jinv_h + np.eye(h.shape[0])
+    return np.linalg.inv(0.5 * (prec + prec.T))
+
+
+# ============================================================================ the iteration
+
+
+class ScoreStore:
+    """Scores already computed, by name (``"it0/sim3"``), with the theta they were taken at:
+    a run that stops resumes from here (:class:`fli.infer.muse_run.JsonlStore` keeps them in a
+    file). This one is in memory."""
+
+    def __init__(self):
+        self._d: dict[str, dict] = {}
+
+    def get(self, name: str, theta: np.ndarray) -> dict | None:
+        rec = self._d.get(name)
+        if rec is None or not np.allclose(rec["theta"], theta, rtol=0, atol=1e-6):
+            return None
+        return rec
+
+    def put(self, name: str, rec: dict) -> None:
+        self._d[name] = rec
+
+
+class Muse:
+    """The MUSE iteration of one posterior and one observation (see the module docstring).
+
+    ``settings``: ``inference.map.muse`` (n_sims, iterations, tol, fd_step, map_steps, gtol);
+    ``map_cfg``: ``inference.map`` (the optimiser); ``seed``: the simulations' seed.
+    """
+
+    def __init__(self, post: Posterior, data: Data, settings, map_cfg, seed: int,
+                 store: ScoreStore | None = None, log: logging.Logger | None = None):
+        self.post, self.data, self.cfg = post, data, settings
+        self.solver = FieldSolver(post, map_cfg, settings.map_steps, settings.gtol)
+        self.score = make_score(post)
+        self.simulate = make_simulator(post)
+        self.key = jax.random.fold_in(jax.random.key(seed), MUSE_STREAM)
+        self.store = store if store is not None else ScoreStore()
+        self.log = log or logging.getLogger("fli")
+        self.zero = post.zeros().s
+        self.warm: dict[str, jax.Array] = {}  # each fit's last MAP field, to start its next fit from
+        self.grad_evals = 0
+
+    def _dtype(self, theta):
+        return jnp.asarray(theta, self.post.fwd.grid.jdtype)
+
+    def _fit(self, name: str, warm: str, theta_eval, data: Data, keep: bool = True) -> np.ndarray:
+        """The score of one fit (``name`` in the store; ``warm`` names the field it starts from,
+        and ``keep`` whether its MAP replaces that field)."""
+        from fli.sharding import replicated_to_host  # noqa: PLC0415
+
+        th = np.asarray(theta_eval, np.float64)
+        rec = self.store.get(name, th)
+        if rec is not None:
+            return np.asarray(rec["score"])
+        s0 = self.warm.get(warm, self.zero)
+        s, steps, gn, ev = self.solver(self._dtype(th), s0, data)
+        if keep:
+            self.warm[warm] = s
+        g = np.asarray(replicated_to_host(self.score(self._dtype(th), s, data)), np.float64)
+        self.grad_evals += ev + 1
+        if not np.all(np.isfinite(g)):
+            raise FloatingPointError(f"MUSE: the score of {name} is {g.tolist()} (field MAP {steps} steps, "
+                                     f"gradient RMS {gn:.3g})")
+        if steps >= self.cfg.map_steps and gn > self.cfg.gtol:
+            self.log.warning("MUSE: the field MAP of %s stopped at inference.map.muse.map_steps = %d with the "
+                             "gradient's RMS at %.3g > gtol %.3g", name, steps, gn, self.cfg.gtol)
+        self.store.put(name, {"theta": th.tolist(), "score": g.tolist(), "steps": steps, "grad_rms": gn,
+                              "evals": ev})
+        return g
+
+    def sim_key(self, i: int):
+        return jax.random.fold_in(self.key, i)
+
+    def scores(self, it: str, theta, progress: Callable | None = None):
+        """``(g_data [n], g_sims [N, n])`` at theta."""
+        th = self._dtype(theta)
+        g_d = self._fit(f"{it}/data", "data", theta, self.data)
+        out = []
+        for i in range(self.cfg.n_sims):
+            x = self.simulate(th, self.sim_key(i), self.data)
+            out.append(self._fit(f"{it}/sim{i}", f"sim{i}", theta, x))
+            if progress is not None:
+                progress(i + 1)
+        return g_d, np.asarray(out)
+
+    def finite_difference_h(self, it: str, theta, progress: Callable | None = None) -> np.ndarray:
+        """``[N, n, n]``: each simulation's central difference of its score (at ``theta``) in
+        the theta that made it, ``(g(theta, x_i(theta + eps e_j)) - g(theta, x_i(theta - eps e_j))) / 2 eps``
+        in column j; each fit starts from the simulation's own MAP at theta."""
+        n, eps = len(theta), self.cfg.fd_step
+        cols = np.zeros((self.cfg.n_sims, n, n))
+        done = 0
+        for j in range(n):
+            for i in range(self.cfg.n_sims):
+                gs = []
+                for sign in (1, -1):
+                    tp = np.array(theta, np.float64)
+                    tp[j] += sign * eps
+                    x = self.simulate(self._dtype(tp), self.sim_key(i), self.data)
+                    name = f"{it}/h{j}{'+' if sign > 0 else '-'}/sim{i}"
+                    # the store holds the theta of the score, which is theta, not tp: name the shift
+                    gs.append(self._fit(name, f"sim{i}", theta, x, keep=False))
+                cols[i, :, j] = (gs[0] - gs[1]) / (2 * eps)
+                done += 1
+                if progress is not None:
+                    progress(done)
+        return cols
+
+    def run(self, theta0, on_iteration: Callable | None = None) -> MuseResult:
+        """Newton's iteration from ``theta0`` (standardised) until every step is below ``tol``
+        MUSE sds, or ``iterations``.
+
+        H is taken again at every iteration whose previous step was longer than one MUSE sd
+        (far from the solution H changes along the way), and kept once the steps are shorter;
+        the covariance uses an H taken at the last point. A step is shortened to at most
+        :data:`MAX_STEP` prior sds (Newton's step from far out in a prior's tail overshoots).
+        """
+        t0 = time.perf_counter()
+        cfg, n = self.cfg, len(theta0)
+        theta = np.asarray(theta0, np.float64)
+        history, h_cols, h_at, converged = [], None, None, False
+        for k in range(cfg.iterations):
+            ti = time.perf_counter()
+            g_d, g_s = self.scores(f"it{k}", theta, self._progress(f"iteration {k + 1}: simulations", cfg.n_sims))
+            far = not history or max(history[-1]["step_over_sd"]) > 1.0
+            if h_cols is None or far:
+                h_cols = self.finite_difference_h(f"it{k}", theta,
+                                                  self._progress(f"iteration {k + 1}: H by finite differences",
+                                                                 n * cfg.n_sims))
+                h_at = k
+            h, jm = h_cols.mean(0), np.cov(g_s.T).reshape(n, n)
+            f = g_d - g_s.mean(0) - theta
+            step = np.linalg.solve(h + np.eye(n), f)
+            cov = covariance(h, jm)
+            rel = np.abs(step) / np.sqrt(np.diag(cov))
+            history.append({"iteration": k + 1, "theta_z": theta.tolist(), "F": f.tolist(), "step": step.tolist(),
+                            "step_over_sd": rel.tolist(), "h_from_iteration": h_at + 1,
+                            "seconds": time.perf_counter() - ti, "grad_evals": self.grad_evals})
+            self.log.info("MUSE iteration %d/%d: theta_z %s, Newton step %s (%s MUSE sd)", k + 1, cfg.iterations,
+                          np.round(theta, 4).tolist(), np.round(step, 4).tolist(), np.round(rel, 3).tolist())
+            if on_iteration is not None:
+                on_iteration(history[-1])
+            if np.all(rel < cfg.tol):
+                converged = True
+                break
+            if k + 1 < cfg.iterations:
+                theta = theta + _capped(step)
+        if h_at != k:  # the covariance belongs to the last point: H there
+            h_cols = self.finite_difference_h(f"it{k}", theta, self._progress("H at the last point", n * cfg.n_sims))
+        h, jm = h_cols.mean(0), np.cov(g_s.T).reshape(n, n)
+        cov = covariance(h, jm)
+        hi = np.linalg.inv(h + np.eye(n))
+        step = _capped(hi @ (g_d - g_s.mean(0) - theta))
+        if not converged:
+            self.log.warning("MUSE did not converge in inference.map.muse.iterations = %d: the last Newton step was "
+                             "%s MUSE sd (tol %g); raise it to continue", cfg.iterations,
+                             np.round(history[-1]["step_over_sd"], 3).tolist(), cfg.tol)
+        return MuseResult(tuple(self.post.names), theta + step, cov, h, jm, hi @ jm @ hi.T / cfg.n_sims, g_s, g_d,
+                          h_cols, history, converged, self.grad_evals, time.perf_counter() - t0)
+
+    def _progress(self, what: str, total: int):
+        every = max(1, total // 4)
+        t0 = time.perf_counter()
+
+        def report(done):
+            if done % every == 0 or done == total:
+                self.log.info("MUSE %s: %d/%d fits, %.1f s", what, done, total, time.perf_counter() - t0)
+
+        return report

@@ -1,0 +1,202 @@
+"""MUSE (fli/infer/muse.py) against the linear forward's exact posterior (fli/infer/exact.py).
+
+For a Gaussian field observed linearly, the MUSE score ``g(theta, d) - E_x g(theta, x)`` is the
+marginal likelihood's own score (``g = b^T C^-1 dA A^T C^-1 b`` at the field's MAP, and
+``d/dtheta log N(b; 0, C)`` differs from it by a constant), and H, the derivative of the mean
+score in the simulations' theta, is the Fisher information ``tr(C^-1 dC C^-1 dC) / 2``. So on
+the linear forward MUSE must land on the exact marginal posterior's mode, within its own Monte
+Carlo error, and its H must be the Fisher matrix of the exact evidence. Neither reference uses
+MUSE's code: the mode maximises ``exact.log_posterior`` with scipy, the Fisher matrix comes from
+``C = I + A A^T`` by central differences of ``A``.
+
+SMALL posterior (8x8x32 cells, 2 bins of 8x8 pixels) with sigma_e = 0.05: the data halve
+sigma8's prior width (measured, exact grid: z-space posterior sds 0.71 and 0.51).
+"""
+
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.helpers.posterior import SMALL
+
+LINEAR = [*SMALL, "simulation.forward=linear", "distributed.pdims=[1,1]", "survey.sigma_e=0.05"]
+TRUTH = {"Omega_c": 0.2607, "sigma8": 0.8102}
+
+
+@pytest.fixture(scope="module")
+def linear():
+    from fli.cli.common import compose
+    from fli.infer.model import Latents, build_posterior, make_data
+    from fli.sharding import make_mesh, white_noise
+    from fli.survey import add_noise, noise_sigma
+
+    cfg, _ = compose(LINEAR)
+    post = build_posterior(cfg, mesh=make_mesh((1, 1)))
+    g = post.fwd.grid
+    theta = jnp.asarray(post.theta_of(TRUTH), g.jdtype)
+    kappa = jax.jit(lambda lat: post.predict(lat)[0])(Latents(theta, white_noise(0, g.shape, g.mesh, dtype=g.jdtype)))
+    sigma = noise_sigma(cfg.survey, cfg.lensing.fov_deg, cfg.lensing.npix)
+    noisy = add_noise(jax.random.key(7), kappa, sigma)
+    data = make_data(SimpleNamespace(kappa_obs=noisy.kappa, noise_sigma=sigma, mask=None), post.fwd)
+    return cfg, post, data, np.asarray(theta)
+
+
+def _exact_map(post, data, theta):
+    """The field's MAP at theta in closed form, ``(I + A^T A)^-1 A^T b`` (float64)."""
+    from fli.infer.exact import response
+
+    a, b = response(post, data, theta)
+    a = a.astype(np.float64)
+    s = np.linalg.solve(a.T @ a + np.eye(a.shape[1]), a.T @ b.astype(np.float64))
+    return s.reshape(post.fwd.grid.shape)
+
+
+def test_the_field_solver_reaches_the_closed_form_map(linear):
+    from fli.infer.muse import FieldSolver
+
+    cfg, post, data, theta = linear
+    want = _exact_map(post, data, theta)
+    s, steps, gn, _ = FieldSolver(post, cfg.inference.map, 2000, 1e-5)(jnp.asarray(theta), post.zeros().s, data)
+    assert gn <= 1e-5 and steps < 2000
+    # gradient RMS 1e-5 per cell, Hessian eigenvalues >= 1: the error is at most ~1e-5 per cell
+    err = np.linalg.norm(np.asarray(s) - want) / np.linalg.norm(want)
+    assert err < 1e-3, err
+
+
+def test_the_score_is_the_likelihoods_derivative_in_theta(linear):
+    """Against central differences of U in theta, the field at its MAP held fixed."""
+    from fli.infer.model import Latents
+    from fli.infer.muse import make_score
+
+    _, post, data, theta = linear
+    s = jnp.asarray(_exact_map(post, data, theta), jnp.float32)
+    g = np.asarray(make_score(post)(jnp.asarray(theta), s, data))
+    u = jax.jit(lambda th: post.potential(Latents(th, s), data, precise=True))
+    eps = 1e-2
+    for j in range(len(theta)):
+        e = np.zeros_like(theta)
+        e[j] = eps
+        fd = -(float(u(jnp.asarray(theta + e))) - float(u(jnp.asarray(theta - e)))) / (2 * eps) + theta[j]
+        # float32 forward: U to ~1e-4 absolute (precise sums) over 2 eps; the step's own error
+        # is eps^2/6 of the third derivative, below 1e-3 of the score here
+        assert abs(g[j] - fd) < 0.02 * abs(fd) + 0.02, (j, g[j], fd)
+
+
+def test_a_simulation_keeps_its_noise_at_every_theta_and_the_noise_has_the_datas_sigma(linear):
+    """Common random numbers: the same key gives the same white noise and shape noise at any theta
+    (the map minus the model's kappa on that white noise); the shape noise has sd sigma_b."""
+    from fli.infer.model import Latents
+    from fli.infer.muse import make_simulator
+    from fli.sharding import white_noise
+
+    _, post, data, theta = linear
+    g = post.fwd.grid
+    sim = make_simulator(post)
+    pred = jax.jit(lambda th, s: post.predict(Latents(th, s))[0])
+    sigma = np.asarray(data.sigma)[:, None, None]
+    pulls = []
+    for i in range(8):
+        key = jax.random.fold_in(jax.random.key(5), i)
+        s = white_noise(jax.random.split(key)[0], g.shape, g.mesh, dtype=g.jdtype)
+        res = []
+        for th in (theta, theta + np.array([0.4, -0.3], np.float32)):
+            x = sim(jnp.asarray(th), key, data)
+            res.append(np.asarray(x.kappa_obs) - np.asarray(pred(jnp.asarray(th), s)))
+        np.testing.assert_allclose(res[0], res[1], atol=1e-6 * sigma.max() + 1e-9)
+        pulls.append(res[0] / sigma)
+    pulls = np.concatenate([p.ravel() for p in pulls])
+    # 1024 unit normals: the sample variance's sd is sqrt(2 / 1024) = 0.044; 4 of them
+    assert abs(pulls.var() - 1) < 4 * np.sqrt(2 / pulls.size) and abs(pulls.mean()) < 4 / np.sqrt(pulls.size)
+
+
+@pytest.fixture(scope="module")
+def muse_run(linear):
+    from fli.infer.muse import Muse
+
+    cfg, post, data, _ = linear
+    settings = SimpleNamespace(n_sims=32, iterations=8, tol=0.05, fd_step=0.05, map_steps=1000, gtol=1e-4)
+    return Muse(post, data, settings, cfg.inference.map, seed=0).run(np.zeros(2))
+
+
+def _exact_mode(post, data, start):
+    from scipy.optimize import minimize
+
+    from fli.infer.exact import _gaussian_logpdf, _Response
+
+    resp = _Response(post, data)
+    f = lambda z: 0.5 * z @ z - _gaussian_logpdf(*resp(z))
+    return minimize(f, start, method="Nelder-Mead", options={"xatol": 1e-5, "fatol": 1e-8}).x, resp
+
+
+@pytest.mark.slow(seconds=65)  # 60 s for MUSE (32 simulations, -O0) + 3 s for the exact mode, measured
+def test_muse_lands_on_the_exact_marginal_posteriors_mode(linear, muse_run):
+    _, post, data, _ = linear
+    r = muse_run
+    assert r.converged
+    mode, _ = _exact_mode(post, data, r.theta_z)
+    d = r.theta_z - mode
+    # chi^2 with 2 degrees of freedom under MUSE's own Monte Carlo covariance (N = 32
+    # simulations); 13.8 is its 99.9 % point
+    chi2 = float(d @ np.linalg.solve(r.mc_cov_z, d))
+    assert chi2 < 13.8, (r.theta_z, mode, np.sqrt(np.diag(r.mc_cov_z)), chi2)
+    # and the Monte Carlo error is small beside the estimate's own width, or the check says little
+    assert np.all(np.sqrt(np.diag(r.mc_cov_z)) < 0.2 * r.sd_z)
+
+
+@pytest.mark.slow(seconds=5)  # shares muse_run; 4 responses of A
+def test_muse_h_is_the_exact_fisher_information(linear, muse_run):
+    _, post, data, _ = linear
+    r = muse_run
+    _, resp = _exact_mode(post, data, r.theta_z)
+
+    def cmat(z):
+        a = resp(z)[0].astype(np.float64)
+        return a @ a.T + np.eye(a.shape[0])
+
+    z, e = r.theta_z, 1e-2
+    dc = [(cmat(z + e * np.eye(2)[j]) - cmat(z - e * np.eye(2)[j])) / (2 * e) for j in range(2)]
+    ci = np.linalg.inv(cmat(z))
+    fisher = np.array([[0.5 * np.trace(ci @ dc[i] @ ci @ dc[j]) for j in range(2)] for i in range(2)])
+    # H's Monte Carlo error: the sd of the simulations' finite-difference columns over sqrt(N);
+    # 4 of them, plus 2 % for the two finite differences' truncation (steps 0.05 and 0.01)
+    se = r.h_columns.std(0, ddof=1) / np.sqrt(r.h_columns.shape[0])
+    assert np.all(np.abs(r.h - fisher) < 4 * se + 0.02 * np.abs(fisher).max()), (r.h, fisher, se)
+
+
+@pytest.mark.slow(seconds=60)  # 57 s, measured alone
+def test_fli_map_muse_reports_both_estimators_and_resumes_fit_by_fit(tmp_path, caplog):
+    """As a user runs it: a linear mock, then ``fli-map inference.map.estimator=muse``. Then the
+    run is cut as a stop in the middle of MUSE would leave it (map.json not written, the scores'
+    file cut mid-line) and started again: it repeats only the fits it lost and ends where the
+    whole run ended (the refitted fields start from zero instead of their last MAP, so equal to
+    the fields' tolerance, not bitwise)."""
+    import json
+    import logging
+
+    from fli.cli.map import main as map_main
+    from fli.cli.mock import main as mock_main
+
+    mock, run = tmp_path / "mock", tmp_path / "map"
+    assert mock_main([*LINEAR, f"run_dir={mock}"]) == 0
+    args = [*LINEAR, f"mock={mock}", f"run_dir={run}", "inference.map.steps=60", "inference.map.estimator=muse",
+            "inference.map.muse.n_sims=8", "inference.map.laplace=false"]
+    assert map_main(args) == 0
+    first = json.loads((run / "map.json").read_text())
+    m = first["muse"]
+    assert m["estimator"] == "muse" and first["estimators"]["params"] == "joint MAP" and "muse" in first["estimators"]
+    assert set(m["params"]) == {"Omega_c", "sigma8", "Omega_m", "S8"} and all(v > 0 for v in m["sd"].values())
+    assert m["converged"] and (run / "estimates.png").stat().st_size > 0
+    lines = (run / "muse_scores.jsonl").read_text().splitlines()
+    keep = len(lines) // 2
+    (run / "map.json").unlink()
+    (run / "muse_scores.jsonl").write_text("\n".join(lines[:keep]) + "\n" + lines[keep][:20])
+    with caplog.at_level(logging.INFO, logger="fli"):
+        assert map_main(args) == 0
+    assert f"resuming with {keep} fits" in caplog.text
+    again = json.loads((run / "map.json").read_text())["muse"]
+    assert len((run / "muse_scores.jsonl").read_text().splitlines()) == len(lines)  # the cut line dropped
+    d = np.asarray(again["theta_z"]) - np.asarray(m["theta_z"])
+    assert np.all(np.abs(d) < 0.02 * np.asarray(m["sd_z"])), (again["theta_z"], m["theta_z"])
