@@ -226,7 +226,7 @@ def finish(cfg: Config, run_dir: Path, obs, post: Posterior, data: Data, run: Ma
     if mcfg.estimator == "muse":
         from fli.infer.muse_run import muse_block, run_muse  # noqa: PLC0415
 
-        res = run_muse(cfg, run_dir, post, data, lat, log)
+        res = run_muse(cfg, run_dir, post, data, log)
         out["muse"] = muse_block(res, post, mcfg.muse, out.get("truth"))
         out["estimators"]["muse"] = "MUSE (every number in the block)"
         m = out["muse"]

@@ -3,7 +3,11 @@
 After the joint MAP, :func:`run_muse` starts MUSE's iteration (fli.infer.muse) from the prior's
 median (``theta_z = 0``), not from the joint MAP's theta: that one is biased, often several MUSE
 sds out in a prior's tail (sigma8's latent at 2.1 on the tiny linear mock, against a truth at
-0.04), where H is another matrix. The data's field MAP starts from the joint MAP's field. Every fit's score goes into
+0.04), where H is another matrix. The data's field MAP starts from zero, as every
+simulation's does, and later from its own previous MAP, as they do: where a fit ends at its
+step budget (the PM forward: the gradient's RMS stalls near 0.01 per cell while U still falls
+by ~1e-3 per 100 steps) the estimator is still unbiased only if the data and the simulations
+are fitted the same way. Every fit's score goes into
 ``muse_scores.jsonl`` as soon as it is known (one JSON object per line, with the name of the
 fit and the theta it was taken at), so a run that stops resumes fit by fit: a new start on the
 same run directory reads the file and repeats only the fits it lacks. Each iteration's summary
@@ -67,15 +71,14 @@ class JsonlStore(ScoreStore):
                 os.fsync(f.fileno())
 
 
-def run_muse(cfg, run_dir: Path, post, data, lat, log: logging.Logger) -> MuseResult:
-    """MUSE from the joint MAP ``lat`` (see the module docstring)."""
+def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
+    """MUSE on ``data`` into ``run_dir`` (see the module docstring)."""
     run_dir = Path(run_dir)
     settings = cfg.inference.map.muse
     store = JsonlStore(run_dir / SCORES)
     if store.n_read:
         log.info("MUSE: resuming with %d fits already in %s", store.n_read, run_dir / SCORES)
     m = Muse(post, data, settings, cfg.inference.map, seed=cfg.seed, store=store, log=log)
-    m.warm["data"] = lat.s
     theta0 = np.zeros(post.prior.n)
     log.info("MUSE of %s: %d simulations per iteration, up to %d Newton iterations, from the prior's median",
              ", ".join(post.names), settings.n_sims, settings.iterations)
