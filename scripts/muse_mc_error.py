@@ -21,11 +21,11 @@ Resumable: each (N, seed) result is a JSON file in ``--out``; one already there 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -35,9 +35,7 @@ def _one(post, data, cfg, n: int, seed: int, path: Path) -> dict:
 
     if path.exists():
         return json.loads(path.read_text())
-    m = cfg.inference.map.muse
-    settings = SimpleNamespace(n_sims=n, iterations=m.iterations, tol=m.tol, fd_step=m.fd_step,
-                               map_steps=m.map_steps, gtol=m.gtol)
+    settings = dataclasses.replace(cfg.inference.map.muse, n_sims=n)
     t0 = time.perf_counter()
     r = Muse(post, data, settings, cfg.inference.map, seed=seed).run(np.zeros(post.prior.n))
     out = {"n_sims": n, "seed": seed, "theta_z": r.theta_z.tolist(), "sd_z": r.sd_z.tolist(),

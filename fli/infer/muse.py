@@ -58,6 +58,7 @@ from jax.sharding import NamedSharding
 
 from fli.infer.model import Data, Latents, Posterior
 from fli.lensing import KAPPA_SPEC
+from fli.sharding import field_leaf_shardings, replicated_to_host, white_noise
 
 MUSE_STREAM = 0x4D555345  # "MUSE": the simulations' keys are fold_in(key(seed), MUSE_STREAM) then i
 
@@ -79,7 +80,6 @@ class FieldSolver:
         import optax  # noqa: PLC0415
 
         from fli.infer.optimize import make_optimizer  # noqa: PLC0415
-        from fli.sharding import field_leaf_shardings  # noqa: PLC0415
 
         opt = make_optimizer(map_cfg)
         grid = post.fwd.grid
@@ -115,8 +115,6 @@ class FieldSolver:
         self._solve = jax.jit(solve)
 
     def __call__(self, theta, s0, data: Data):
-        from fli.sharding import replicated_to_host  # noqa: PLC0415
-
         s, k, gn, ev = self._solve(theta, s0, data)
         return s, int(replicated_to_host(k)), float(replicated_to_host(gn)), int(replicated_to_host(ev))
 
@@ -135,8 +133,6 @@ def make_simulator(post: Posterior):
     """Jitted ``(theta, key, data) -> Data``: a draw of the observation from the model at
     ``theta``: white noise and shape noise (``data.sigma`` per bin) from ``key``, the mask and
     noise of ``data`` kept. The same key gives the same noise at every theta."""
-    from fli.sharding import white_noise  # noqa: PLC0415
-
     g = post.fwd.grid
     kappa_sharding = NamedSharding(g.mesh, KAPPA_SPEC)
 
@@ -307,8 +303,6 @@ class Muse:
     def _fit(self, name: str, warm: str, theta_eval, data: Data, keep: bool = True) -> np.ndarray:
         """The score of one fit (``name`` in the store; ``warm`` names the field it starts from,
         and ``keep`` whether its MAP replaces that field)."""
-        from fli.sharding import replicated_to_host  # noqa: PLC0415
-
         th = np.asarray(theta_eval, np.float64)
         rec = self.store.get(name, th)
         if rec is not None:

@@ -17,6 +17,7 @@ goes into ``muse_iterations.jsonl``. The result becomes map.json's ``muse`` bloc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -103,8 +104,7 @@ def muse_block(res: MuseResult, post, settings, truth: dict | None) -> dict:
            "sd_z_bootstrap_sd": boot.tolist(), "mc_sd_z": np.sqrt(np.diag(res.mc_cov_z)).tolist(),
            "H": res.h.tolist(), "J": res.j.tolist(), "converged": res.converged,
            "iterations": len(res.history), "history": res.history, "grad_evals": res.grad_evals,
-           "seconds": res.seconds, "settings": {k: getattr(settings, k) for k in
-                                                ("n_sims", "iterations", "tol", "fd_step", "map_steps", "gtol")},
+           "seconds": res.seconds, "settings": dataclasses.asdict(settings),
            "units": "params, sd, cov: physical (prior transform, delta method); *_z: standardised latents"}
     if truth:
         out["pull"] = {k: (phys["value"][k] - truth[k]) / phys["sd"][k] for k in truth if k in phys["value"]}
