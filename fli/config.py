@@ -210,6 +210,7 @@ class PriorConfig:
 
 
 ESTIMATORS = ("joint", "muse")
+MUSE_SPREADS = ("mesh", "processes")
 
 
 @dataclass
@@ -223,6 +224,9 @@ class MuseConfig:
     fd_step: float = 0.05  # H's central-difference step in the standardised parameters
     map_steps: int = 1000  # optimiser steps per field MAP at most
     gtol: float = 1e-4  # a field MAP stops when its gradient's RMS per cell is below gtol
+    # "mesh": each fit sharded over every device of every process, one fit after another;
+    # "processes": each process fits its own share of the simulations on its own devices
+    spread: str = "mesh"
 
     def __post_init__(self) -> None:
         _check(self.n_sims >= 4, "inference.map.muse.n_sims", ">= 4 (their covariance is J)", self.n_sims)
@@ -231,6 +235,8 @@ class MuseConfig:
         for k in ("tol", "fd_step", "gtol"):
             v = getattr(self, k)
             _check(_finite(v) and v > 0, f"inference.map.muse.{k}", "> 0", v)
+        _check(self.spread in MUSE_SPREADS, "inference.map.muse.spread", " or ".join(map(repr, MUSE_SPREADS)),
+               self.spread)
 
 
 @dataclass

@@ -258,8 +258,10 @@ def _job(command: str, body: Body, run_dir: str | None, in_process: bool, task_c
         log.info("%s: %d process(es), %d device(s) (%s), run directory %s", prog, jax.process_count(),
                  jax.device_count(), jax.devices()[0].platform, out)
         body(cfg, resolved, out, log)
-    except (ConfigError, FileNotFoundError, OSError) as e:
-        fault = not isinstance(e, (ConfigError, FileNotFoundError))
+    except (ConfigError, FileNotFoundError, OSError, FloatingPointError) as e:
+        # FloatingPointError: a numerical failure whose message says which setting to change
+        # (a NaN loss, MUSE's singular J): one line, like a bad setting, not a traceback
+        fault = not isinstance(e, (ConfigError, FileNotFoundError, FloatingPointError))
         msg = fs_fault(e, out) if fault else str(e)
         if msg is None:
             raise

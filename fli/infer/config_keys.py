@@ -42,7 +42,7 @@ SAMPLING_MAY_CHANGE = ("inference.num_samples", "inference.map", *PLACEMENT, "in
 MAP_MAY_CHANGE = ("inference.map.steps", "inference.map.tol", "inference.map.patience",
                   "inference.map.checkpoint_every", "inference.map.laplace", "inference.map.cg_tol",
                   "inference.map.cg_maxiter", "inference.map.compare_truth", "inference.map.estimator",
-                  "inference.map.muse.iterations", *SAMPLER, *DIAGNOSE, "init",
+                  "inference.map.muse.iterations", "inference.map.muse.spread", *SAMPLER, *DIAGNOSE, "init",
                   *PLACEMENT, "mock")
 # chains of one posterior: the start differs between chains on purpose (R-hat compares chains
 # from spread starts), and both sampler layouts sample the same posterior

@@ -104,6 +104,10 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
         why = "inference.map.fix_cosmology is true" if theta_fixed is not None else "prior.sample is empty"
         raise ConfigError(f"inference.map.estimator=muse estimates the sampled parameters, but {why}: "
                           f"set inference.map.estimator=joint, or sample parameters")
+    if mcfg.estimator == "muse" and mcfg.muse.spread == "processes":
+        from fli.infer.muse_run import local_pdims  # noqa: PLC0415
+
+        local_pdims(cfg.distributed.pdims, jax.process_count())  # refused now, not after the joint MAP
     step_fn, opt = make_step(post, mcfg, theta_fixed)
     init = post.zeros()
     if theta_fixed is not None:

@@ -189,10 +189,16 @@ class MuseResult:
         scores for J, their finite-difference columns for H)."""
         rng = np.random.default_rng(seed)
         n = self.sim_scores.shape[0]
-        out = []
-        for _ in range(n_boot):
+        out, singular = [], 0
+        while len(out) < n_boot:
             idx = rng.integers(0, n, n)
-            out.append(np.sqrt(np.diag(covariance(self.h_columns[idx].mean(0), np.cov(self.sim_scores[idx].T)))))
+            try:
+                j = np.cov(self.sim_scores[idx].T).reshape(len(self.names), len(self.names))  # 0-d for one parameter
+                out.append(np.sqrt(np.diag(covariance(self.h_columns[idx].mean(0), j))))
+            except FloatingPointError:  # few distinct simulations in the resample (small N): J singular
+                singular += 1
+                if singular > 10 * n_boot:  # nearly every resample: report no error rather than loop
+                    return np.full(len(self.names), np.nan)
         return np.std(np.asarray(out), axis=0, ddof=1)
 
     def physical(self, post: Posterior) -> dict:
@@ -252,7 +258,10 @@ def covariance(h: np.ndarray, j: np.ndarray) -> np.ndarray:
                                  f"raise inference.map.muse.n_sims, or check that every sampled parameter "
                                  f"changes the model") from None
     prec = h.T @ jinv_h + np.eye(h.shape[0])
-    return np.linalg.inv(0.5 * (prec + prec.T))
+    try:
+        return np.linalg.inv(0.5 * (prec + prec.T))
+    except np.linalg.LinAlgError:
+        raise FloatingPointError(f"MUSE: H^T J^-1 H + I is singular (H = {h.tolist()}, J = {j.tolist()})") from None
 
 
 # ============================================================================ the iteration
@@ -275,16 +284,33 @@ class ScoreStore:
     def put(self, name: str, rec: dict) -> None:
         self._d[name] = rec
 
+    def wait(self, names: list[str], theta: np.ndarray) -> None:
+        """Return once every one of ``names`` has a score at ``theta`` (fits made by other
+        processes arrive through the store). In memory nothing arrives: a fit missing here is
+        an error of the caller."""
+        missing = [n for n in names if self.get(n, theta) is None]
+        if missing:
+            raise RuntimeError(f"MUSE: no score for {missing[:3]} and no other process to make it")
+
 
 class Muse:
     """The MUSE iteration of one posterior and one observation (see the module docstring).
 
     ``settings``: ``inference.map.muse`` (n_sims, iterations, tol, fd_step, map_steps, gtol);
     ``map_cfg``: ``inference.map`` (the optimiser); ``seed``: the simulations' seed.
+
+    ``rank`` of ``size`` workers (``inference.map.muse.spread=processes``): this one makes the
+    fits it owns and takes the others' from ``store`` (:meth:`ScoreStore.wait`). The data's
+    fits belong to worker 0 and simulation i's to worker ``(i + 1) % size``, at every theta
+    and every finite-difference shift, so that each fit starts from its own previous MAP as in
+    one process, and every worker, holding the same scores, takes the same Newton steps.
     """
 
     def __init__(self, post: Posterior, data: Data, settings, map_cfg, seed: int,
-                 store: ScoreStore | None = None, log: logging.Logger | None = None):
+                 store: ScoreStore | None = None, log: logging.Logger | None = None, rank: int = 0, size: int = 1):
+        if not 0 <= rank < size:
+            raise ValueError(f"MUSE worker rank {rank} of {size}")
+        self.rank, self.size = rank, size
         self.post, self.data, self.cfg = post, data, settings
         self.solver = FieldSolver(post, map_cfg, settings.map_steps, settings.gtol)
         self.score = make_score(post)
@@ -300,13 +326,23 @@ class Muse:
     def _dtype(self, theta):
         return jnp.asarray(theta, self.post.fwd.grid.jdtype)
 
-    def _fit(self, name: str, warm: str, theta_eval, data: Data, keep: bool = True) -> np.ndarray:
+    def owns(self, warm: str) -> bool:
+        """Whether this worker makes the fits that start from the field ``warm`` ("data", "sim<i>")."""
+        k = 0 if warm == "data" else int(warm.removeprefix("sim")) + 1
+        return k % self.size == self.rank
+
+    def _fit(self, name: str, warm: str, theta_eval, data: Data | Callable[[], Data],
+             keep: bool = True) -> np.ndarray | None:
         """The score of one fit (``name`` in the store; ``warm`` names the field it starts from,
-        and ``keep`` whether its MAP replaces that field)."""
+        and ``keep`` whether its MAP replaces that field); ``data`` may be a function making it.
+        None where another worker makes it."""
         th = np.asarray(theta_eval, np.float64)
         rec = self.store.get(name, th)
         if rec is not None:
             return np.asarray(rec["score"])
+        if not self.owns(warm):
+            return None
+        data = data() if callable(data) else data
         s0 = self.warm.get(warm, self.zero)
         s, steps, gn, ev = self.solver(self._dtype(th), s0, data)
         if keep:
@@ -325,40 +361,49 @@ class Muse:
     def sim_key(self, i: int):
         return jax.random.fold_in(self.key, i)
 
+    def _gathered(self, names: list[str], theta, mine: list) -> np.ndarray:
+        """The scores of ``names`` at theta: this worker's (``mine``, None where another's),
+        the others' from the store once they arrive."""
+        th = np.asarray(theta, np.float64)
+        if any(g is None for g in mine):
+            self.store.wait([n for n, g in zip(names, mine, strict=True) if g is None], th)
+        return np.asarray([g if g is not None else self.store.get(n, th)["score"]
+                           for n, g in zip(names, mine, strict=True)], np.float64)
+
     def scores(self, it: str, theta, progress: Callable | None = None):
         """``(g_data [n], g_sims [N, n])`` at theta."""
         th = self._dtype(theta)
-        g_d = self._fit(f"{it}/data", "data", theta, self.data)
-        out = []
+        names = [f"{it}/data", *(f"{it}/sim{i}" for i in range(self.cfg.n_sims))]
+        mine = [self._fit(names[0], "data", theta, self.data)]
         for i in range(self.cfg.n_sims):
-            x = self.simulate(th, self.sim_key(i), self.data)
-            out.append(self._fit(f"{it}/sim{i}", f"sim{i}", theta, x))
+            mine.append(self._fit(names[i + 1], f"sim{i}", theta,
+                                  lambda i=i: self.simulate(th, self.sim_key(i), self.data)))
             if progress is not None:
                 progress(i + 1)
-        return g_d, np.asarray(out)
+        g = self._gathered(names, theta, mine)
+        return g[0], g[1:]
 
     def finite_difference_h(self, it: str, theta, progress: Callable | None = None) -> np.ndarray:
         """``[N, n, n]``: each simulation's central difference of its score (at ``theta``) in
         the theta that made it, ``(g(theta, x_i(theta + eps e_j)) - g(theta, x_i(theta - eps e_j))) / 2 eps``
         in column j; each fit starts from the simulation's own MAP at theta."""
         n, eps = len(theta), self.cfg.fd_step
-        cols = np.zeros((self.cfg.n_sims, n, n))
-        done = 0
+        names, mine, done = [], [], 0
         for j in range(n):
             for i in range(self.cfg.n_sims):
-                gs = []
                 for sign in (1, -1):
                     tp = np.array(theta, np.float64)
                     tp[j] += sign * eps
-                    x = self.simulate(self._dtype(tp), self.sim_key(i), self.data)
-                    name = f"{it}/h{j}{'+' if sign > 0 else '-'}/sim{i}"
-                    # the store holds the theta of the score, which is theta, not tp: name the shift
-                    gs.append(self._fit(name, f"sim{i}", theta, x, keep=False))
-                cols[i, :, j] = (gs[0] - gs[1]) / (2 * eps)
+                    # the store holds the theta of the score, which is theta, not tp: the name says the shift
+                    names.append(f"{it}/h{j}{'+' if sign > 0 else '-'}/sim{i}")
+                    mine.append(self._fit(names[-1], f"sim{i}", theta,
+                                          lambda tp=tp, i=i: self.simulate(self._dtype(tp), self.sim_key(i),
+                                                                           self.data), keep=False))
                 done += 1
                 if progress is not None:
                     progress(done)
-        return cols
+        g = self._gathered(names, theta, mine).reshape(n, self.cfg.n_sims, 2, n)
+        return np.transpose((g[:, :, 0] - g[:, :, 1]) / (2 * eps), (1, 2, 0))  # [sim, score component, column j]
 
     def run(self, theta0, on_iteration: Callable | None = None) -> MuseResult:
         """Newton's iteration from ``theta0`` (standardised) until every step is below ``tol``

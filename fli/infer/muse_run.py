@@ -21,6 +21,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -41,45 +42,116 @@ MUSE_NOTE = (
 
 
 class JsonlStore(ScoreStore):
-    """A :class:`~fli.infer.muse.ScoreStore` backed by a JSON-lines file: read at start (a line
-    cut short by a stop is skipped), appended to and flushed after every fit (process 0)."""
+    """A :class:`~fli.infer.muse.ScoreStore` backed by JSON-lines files in ``run_dir``: every
+    ``muse_scores*.jsonl`` is read at start (a line cut short by a stop is skipped); this
+    worker's own file (``muse_scores.jsonl`` for worker 0, ``muse_scores.p<rank>.jsonl`` for
+    the others of ``spread=processes``) is appended to and fsynced after every fit, where
+    ``writes``. :meth:`wait` reads the other workers' files until the fits it needs are there."""
 
-    def __init__(self, path: Path):
+    POLL = 0.2  # [s] between reads of the other workers' files while waiting
+
+    def __init__(self, run_dir: Path, rank: int = 0, writes: bool = True, log: logging.Logger | None = None):
         super().__init__()
-        self.path = Path(path)
+        run_dir = Path(run_dir)
+        self.path = run_dir / (SCORES if rank == 0 else f"muse_scores.p{rank}.jsonl")
+        self.writes, self.log = writes, log or logging.getLogger("fli")
         self.n_read = 0
-        if self.path.exists():
-            good = []
-            for line in self.path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:  # cut short by a stop: that fit is done again
-                    continue
-                good.append(line)
-                self._d[rec.pop("name")] = rec
-            self.n_read = len(good)
-            if is_writer():  # without the cut line, so that the next record starts a line of its own
-                tmp = self.path.with_name(self.path.name + ".tmp")
+        for p in sorted(run_dir.glob("muse_scores*.jsonl")):
+            good = self._read(p)
+            self.n_read += len(good)
+            if p == self.path and writes:  # without the cut line, so that the next record starts a line of its own
+                tmp = p.with_name(p.name + ".tmp")
                 tmp.write_text("".join(g + "\n" for g in good))
-                os.replace(tmp, self.path)
+                os.replace(tmp, p)
+
+    def _read(self, path: Path) -> list[str]:
+        good = []
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # cut short by a stop (or still being written): that fit is not here
+                continue
+            good.append(line)
+            self._d[rec.pop("name")] = rec
+        return good
 
     def put(self, name: str, rec: dict) -> None:
         super().put(name, rec)
-        if is_writer():
+        if self.writes:
             with open(self.path, "a") as f:
                 f.write(json.dumps({"name": name, **rec}) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
 
+    def wait(self, names: list[str], theta: np.ndarray) -> None:
+        """Read the other workers' files until every one of ``names`` is there at ``theta``. A
+        worker that dies stops this one through jax.distributed's heartbeat, not here."""
+        t0 = last = time.monotonic()
+        while True:
+            missing = [n for n in names if self.get(n, theta) is None]
+            if not missing:
+                return
+            if time.monotonic() - last > 60:
+                last = time.monotonic()
+                self.log.info("MUSE: waiting %.0f s for %d fits of the other processes (%s, ...)",
+                              last - t0, len(missing), missing[0])
+            time.sleep(self.POLL)
+            for p in self.path.parent.glob("muse_scores*.jsonl"):
+                if p != self.path:
+                    self._read(p)
+
+
+def local_pdims(pdims, processes: int) -> tuple[int, int]:
+    """Each process's mesh under ``spread=processes``: ``pdims`` divided by the number of
+    processes along its first axis that is a multiple of it."""
+    from fli.config import ConfigError  # noqa: PLC0415
+    from fli.sharding import parse_pdims  # noqa: PLC0415
+
+    px, py = parse_pdims(pdims)
+    if px % processes == 0:
+        return px // processes, py
+    if py % processes == 0:
+        return px, py // processes
+    raise ConfigError(f"inference.map.muse.spread=processes divides distributed.pdims {[px, py]} among {processes} "
+                      f"processes, but neither axis is a multiple of {processes}: choose pdims with one that is, "
+                      f"or spread=mesh")
+
+
+def local_posterior(cfg):
+    """This process's own posterior and data for ``spread=processes``: the observation read
+    again onto a mesh of this process's devices, ``distributed.pdims`` divided by the number
+    of processes along whichever axis it divides."""
+    import jax  # noqa: PLC0415
+
+    from fli.infer.model import build_posterior, make_data  # noqa: PLC0415
+    from fli.io import load_observation  # noqa: PLC0415
+    from fli.sharding import make_mesh  # noqa: PLC0415
+
+    local = local_pdims(cfg.distributed.pdims, jax.process_count())
+    mesh = make_mesh(local, jax.local_devices()[:local[0] * local[1]])
+    obs = load_observation(cfg.mock, mesh)
+    post = build_posterior(cfg, obs, mesh=mesh)
+    return post, make_data(obs, post.fwd)
+
 
 def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
-    """MUSE on ``data`` into ``run_dir`` (see the module docstring)."""
+    """MUSE on ``data`` into ``run_dir`` (see the module docstring). With
+    ``inference.map.muse.spread=processes`` and several processes, each process fits its own
+    share of the simulations on its own devices (:func:`local_posterior`)."""
+    import jax  # noqa: PLC0415
+
     run_dir = Path(run_dir)
     settings = cfg.inference.map.muse
-    store = JsonlStore(run_dir / SCORES)
+    spread = settings.spread == "processes" and jax.process_count() > 1
+    rank, size = (jax.process_index(), jax.process_count()) if spread else (0, 1)
+    store = JsonlStore(run_dir, rank, writes=spread or is_writer(), log=log)
     if store.n_read:
         log.info("MUSE: resuming with %d fits already in %s", store.n_read, run_dir / SCORES)
-    m = Muse(post, data, settings, cfg.inference.map, seed=cfg.seed, store=store, log=log)
+    if spread:
+        post, data = local_posterior(cfg)
+        log.info("MUSE: the fits spread over %d processes, each on its own %s mesh", size,
+                 "x".join(map(str, post.fwd.grid.pdims)))
+    m = Muse(post, data, settings, cfg.inference.map, seed=cfg.seed, store=store, log=log, rank=rank, size=size)
     theta0 = np.zeros(post.prior.n)
     log.info("MUSE of %s: %d simulations per iteration, up to %d Newton iterations, from the prior's median",
              ", ".join(post.names), settings.n_sims, settings.iterations)

@@ -74,3 +74,18 @@ def test_a_mistyped_key_or_option_gets_a_suggestion(tmp_path, capsys, override, 
     assert mock_main([override, f"run_dir={tmp_path / 'run'}"]) == 2
     assert hint in _one_line(capsys)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_numerical_failure_is_one_line_naming_the_setting(tmp_path, capsys):
+    """A body that fails numerically (as MUSE does on a singular J, or the MAP on a NaN loss)
+    ends the command with status 2 and its one-line message, not a traceback."""
+    from fli.cli.common import main_wrapper
+
+    def body(cfg, resolved, run_dir, log):
+        raise FloatingPointError("MUSE: the simulations' scores have a singular covariance J: raise "
+                                 "inference.map.muse.n_sims")
+
+    assert main_wrapper("mock", body, [*SMALL, f"run_dir={tmp_path / 'run'}"]) == 2
+    line = _one_line(capsys)
+    assert line == ("fli-mock: error: MUSE: the simulations' scores have a singular covariance J: raise "
+                    "inference.map.muse.n_sims"), line

@@ -64,6 +64,7 @@ def _run(args, **kw):
     (["inference.map.estimator=muse", "inference.map.fix_cosmology=true"], "inference.map.estimator=muse"),
     (["inference.map.estimator=muse", "prior.sample=[]"], "inference.map.estimator=muse"),
     (["inference.map.estimator=mu"], "inference.map.estimator"),
+    (["inference.map.muse.spread=nodes"], "inference.map.muse.spread"),
 ])
 def test_bad_input_is_refused_and_nothing_written(small_mock, tmp_path, capsys, over, match):
     run = tmp_path / "refused"

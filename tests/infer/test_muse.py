@@ -13,6 +13,7 @@ SMALL posterior (8x8x32 cells, 2 bins of 8x8 pixels) with sigma_e = 0.05: the da
 sigma8's prior width (measured, exact grid: z-space posterior sds 0.71 and 0.51).
 """
 
+import os
 from types import SimpleNamespace
 
 import jax
@@ -226,3 +227,74 @@ def test_broydens_newton_matrix_finds_the_root_where_the_expected_one_cycles():
     plain = iterate(update=False)
     assert np.linalg.norm(plain - root) > 0.5 * np.linalg.norm(root)  # the cycle: no progress
     np.testing.assert_allclose(iterate(update=True), root, atol=1e-8)
+
+
+@pytest.mark.slow(seconds=100)  # 101 s measured alone beside a niced study (3 fli-map runs, mostly compiling)
+@pytest.mark.multiprocess
+def test_muse_spread_over_two_processes_gives_the_one_process_estimate(tmp_path):
+    """``inference.map.muse.spread=processes``: 2 fli-map processes (scripts/launch_local.py,
+    jax.distributed over gloo, 1 CPU device each) share the simulations' fits, each on its own
+    1-device mesh, and meet through their score files. The same config in 1 process of 1 device
+    must give the same estimate and covariance. Each fit runs the same compiled program on the
+    same inputs from the same start (the data and simulation i stay with one worker), so the
+    scores agree bitwise, and only the JSON round trip of a float64 (exact) lies between them:
+    1e-12 of the sd is a bound that any fit made from another start would break by orders of
+    magnitude (the fits stop at a gradient RMS of 1e-4, not at round-off)."""
+    import json
+    import subprocess
+    import sys
+
+    from fli.cli.mock import main as mock_main
+    from tests.helpers import xla
+    from tests.helpers.processes import ROOT
+
+    mock = tmp_path / "mock"
+    assert mock_main([*LINEAR, f"run_dir={mock}"]) == 0
+    common = [*LINEAR, f"mock={mock}", "inference.map.steps=30", "inference.map.estimator=muse",
+              "inference.map.muse.n_sims=5", "inference.map.laplace=false", "progress=false"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=xla.FLAGS, PYTHONUNBUFFERED="1")
+    one = subprocess.run([sys.executable, "-m", "fli.cli.map", *common, f"run_dir={tmp_path / 'one'}",
+                          "distributed.local_device_count=1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch_local.py"), "-n", "2",
+                          "--devices-per-process", "1", "--", sys.executable, "-m", "fli.cli.map", *common,
+                          f"run_dir={tmp_path / 'two'}", "distributed.pdims=[1,2]",
+                          "inference.map.muse.spread=processes"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert two.returncode == 0, (two.stdout[-3000:], two.stderr[-3000:])
+    assert "MUSE: the fits spread over 2 processes, each on its own 1x1 mesh" in two.stdout + two.stderr
+    a, b = (json.loads((tmp_path / d / "map.json").read_text())["muse"] for d in ("one", "two"))
+    assert a["converged"] and b["converged"] and a["iterations"] == b["iterations"]
+    # both workers made fits: worker 1's file holds simulations 0, 2, 4 (fits 1, 3, 5 of each stage)
+    mine = [json.loads(line)["name"] for line in (tmp_path / "two" / "muse_scores.p1.jsonl").read_text().splitlines()]
+    assert mine and all(n.endswith(("/sim0", "/sim2", "/sim4")) for n in mine), mine[:6]
+    sd = np.asarray(a["sd_z"])
+    assert np.all(np.abs(np.asarray(a["theta_z"]) - b["theta_z"]) <= 1e-12 * sd), (a["theta_z"], b["theta_z"])
+    assert np.allclose(a["cov_z"], b["cov_z"], rtol=1e-12, atol=0), (a["cov_z"], b["cov_z"])
+
+
+def test_each_process_mesh_divides_pdims_along_an_axis_the_process_count_divides():
+    from fli.config import ConfigError
+    from fli.infer.muse_run import local_pdims
+
+    assert local_pdims([2, 2], 2) == (1, 2) and local_pdims([1, 4], 2) == (1, 2) and local_pdims([1, 2], 2) == (1, 1)
+    assert local_pdims([4, 1], 4) == (1, 1) and local_pdims([1, 1], 1) == (1, 1)
+    with pytest.raises(ConfigError, match=r"distributed.pdims \[1, 3\] among 2 processes"):
+        local_pdims([1, 3], 2)
+
+
+def test_the_bootstrap_passes_over_resamples_with_a_singular_j():
+    """With few simulations some resamples repeat one or two of them, and their J is singular;
+    the bootstrap draws again instead of failing (found running 5 simulations), and gives the
+    spread of the others."""
+    from fli.infer.muse import MuseResult, covariance
+
+    # one parameter and 2 simulations: half the resamples repeat one simulation, and their J is 0
+    g, cols = np.array([[0.3], [-1.2]]), np.array([[[2.0]], [[2.5]]])
+    with pytest.raises(FloatingPointError, match="singular covariance J"):
+        covariance(cols.mean(0), np.cov(g[[0, 0]].T).reshape(1, 1))
+    r = MuseResult(("a",), np.zeros(1), np.eye(1), cols.mean(0), np.cov(g.T).reshape(1, 1), np.eye(1), g, g[0], cols,
+                   [], True, 0, 0.0)
+    sd = r.bootstrap_sd(n_boot=50)
+    assert np.all(np.isfinite(sd)) and np.all(sd > 0), sd

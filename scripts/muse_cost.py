@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""What one MUSE estimate costs at a config's size: one field fit timed, an iteration projected.
+
+A MUSE iteration is ``N + 1`` field fits (the data and N simulations), and ``2 n N`` more where
+H is taken (n sampled parameters, central differences); each fit is up to
+``inference.map.muse.map_steps`` optimiser steps. At the default size one iteration is days of
+2 cores, so this times the parts and multiplies:
+
+* the posterior's gradient in the field alone (``jax.grad`` of U at fixed theta), ``--repeats``
+  times after its compilation;
+* one field fit of ``--steps`` steps of fli-map's optimiser (fli.infer.muse.FieldSolver) on a
+  simulation at the prior's median, from zero: seconds per gradient evaluation inside the
+  compiled loop, and gradient evaluations per step (L-BFGS's line search);
+* the projection: evaluations per fit = evaluations per step x ``map_steps`` (PM fits end at
+  their step budget, docs/map.md), fits per estimate = ``--iterations`` x (N + 1) +
+  ``--h-takes`` x 2 n N (the tiny PM mock: 4 iterations, H at the first and the last point).
+
+    python scripts/muse_cost.py --steps 10 --json docs/bench/muse_cost_default.json -- \\
+        inference.map.muse.n_sims=16 inference.map.muse.map_steps=300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=10, help="optimiser steps of the timed fit")
+    ap.add_argument("--repeats", type=int, default=3, help="timed gradients")
+    ap.add_argument("--iterations", type=int, default=4, help="Newton iterations of the projected estimate")
+    ap.add_argument("--h-takes", type=int, default=2, help="iterations of the projection that take H")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("overrides", nargs="*", help="config overrides (after --)")
+    a = ap.parse_args(argv)
+
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.infer.model import Latents, build_posterior, make_data  # noqa: PLC0415
+    from fli.infer.muse import FieldSolver, make_simulator  # noqa: PLC0415
+    from fli.sharding import make_mesh  # noqa: PLC0415
+    from fli.survey import noise_sigma  # noqa: PLC0415
+
+    cfg, _ = compose(a.overrides)
+    mc = cfg.inference.map.muse
+    post = build_posterior(cfg, mesh=make_mesh(cfg.distributed.pdims))
+    g = post.fwd.grid
+    sigma = noise_sigma(cfg.survey, cfg.lensing.fov_deg, cfg.lensing.npix)
+    shape = (len(sigma), cfg.lensing.npix, cfg.lensing.npix)
+    template = make_data(SimpleNamespace(kappa_obs=np.zeros(shape), noise_sigma=sigma, mask=None), post.fwd)
+    theta = jnp.zeros((post.prior.n,), g.jdtype)
+    data = make_simulator(post)(theta, jax.random.key(0), template)
+    s0 = post.zeros().s
+    print(f"{'x'.join(map(str, g.shape))} field ({post.dim} latents), {post.fwd.kind} forward, "
+          f"{jax.device_count()} device(s)", flush=True)
+
+    grad = jax.jit(jax.grad(lambda s: post.potential(Latents(theta, s), data)))
+    t0 = time.perf_counter()
+    jax.block_until_ready(grad(s0))
+    t_compile_grad = time.perf_counter() - t0
+    times = []
+    for _ in range(a.repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(grad(s0))
+        times.append(time.perf_counter() - t0)
+    t_grad = float(np.median(times))
+    print(f"gradient: compiled in {t_compile_grad:.1f} s, {t_grad:.2f} s (median of {a.repeats})", flush=True)
+
+    solver = FieldSolver(post, cfg.inference.map, a.steps, 0.0)
+    t0 = time.perf_counter()
+    solver(theta, s0, data)  # compiles, and runs once
+    t_first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _, steps, gn, evals = solver(theta, s0, data)
+    t_fit = time.perf_counter() - t0
+    per_eval, per_step = t_fit / evals, evals / steps
+    print(f"fit: {steps} steps, {evals} gradient evaluations, {t_fit:.1f} s ({per_eval:.2f} s each; "
+          f"compile and first run {t_first:.1f} s); gradient RMS {gn:.3g}", flush=True)
+
+    n = post.prior.n
+    fits_it, fits_h = mc.n_sims + 1, 2 * n * mc.n_sims
+    evals_fit = per_step * mc.map_steps
+    fits = a.iterations * fits_it + a.h_takes * fits_h
+    out = {
+        "config": a.overrides, "shape": list(g.shape), "latents": post.dim, "forward": post.fwd.kind,
+        "devices": jax.device_count(), "gradient_s": t_grad, "gradient_compile_s": t_compile_grad,
+        "fit": {"steps": steps, "grad_evals": evals, "seconds": t_fit, "seconds_per_eval": per_eval,
+                "evals_per_step": per_step, "grad_rms": gn, "compile_and_first_run_s": t_first},
+        "fit_eval_over_gradient": per_eval / t_grad,
+        "projection": {"n_sims": mc.n_sims, "map_steps": mc.map_steps, "evals_per_fit": evals_fit,
+                       "fits_per_iteration": fits_it, "fits_per_h": fits_h,
+                       "iteration_without_h_h": fits_it * evals_fit * per_eval / 3600,
+                       "iteration_with_h_h": (fits_it + fits_h) * evals_fit * per_eval / 3600,
+                       "iterations": a.iterations, "h_takes": a.h_takes, "fits": fits,
+                       "grad_evals": fits * evals_fit, "total_h": fits * evals_fit * per_eval / 3600},
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
+    p = out["projection"]
+    print(f"projected: one iteration {p['iteration_without_h_h']:.1f} h ({p['iteration_with_h_h']:.1f} h with H), "
+          f"the estimate {p['total_h']:.1f} h ({p['grad_evals']:.3g} gradient evaluations, {fits} fits of "
+          f"{evals_fit:.0f}) on {jax.device_count()} device(s); peak RSS {out['peak_rss_gib']:.1f} GiB")
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
