@@ -258,10 +258,13 @@ def covariance(h: np.ndarray, j: np.ndarray) -> np.ndarray:
                                  f"raise inference.map.muse.n_sims, or check that every sampled parameter "
                                  f"changes the model") from None
     prec = h.T @ jinv_h + np.eye(h.shape[0])
-    try:
-        return np.linalg.inv(0.5 * (prec + prec.T))
-    except np.linalg.LinAlgError:
-        raise FloatingPointError(f"MUSE: H^T J^-1 H + I is singular (H = {h.tolist()}, J = {j.tolist()})") from None
+    prec = 0.5 * (prec + prec.T)
+    # a J that is singular to round-off (few distinct simulations) solves without an error but
+    # leaves H^T J^-1 H + I indefinite
+    if not np.all(np.isfinite(prec)) or np.linalg.eigvalsh(prec).min() <= 0:
+        raise FloatingPointError(f"MUSE: H^T J^-1 H + I is not positive definite (H = {h.tolist()}, "
+                                 f"J = {j.tolist()}): raise inference.map.muse.n_sims")
+    return np.linalg.inv(prec)
 
 
 # ============================================================================ the iteration
