@@ -11,11 +11,16 @@ H is taken (n sampled parameters, central differences); each fit is up to
 * one field fit of ``--steps`` steps of fli-map's optimiser (fli.infer.muse.FieldSolver) on a
   simulation at the prior's median, from zero: seconds per gradient evaluation inside the
   compiled loop, and gradient evaluations per step (L-BFGS's line search);
-* the projection: evaluations per fit = evaluations per step x ``map_steps`` (PM fits end at
-  their step budget, docs/map.md), fits per estimate = ``--iterations`` x (N + 1) +
-  ``--h-takes`` x 2 n N (the tiny PM mock: 4 iterations, H at the first and the last point).
+* the projection: evaluations per fit = ``--evals-per-fit``, or the timed fit's evaluations per
+  step x ``map_steps`` (PM fits end at their step budget, docs/map.md); fits per estimate =
+  ``--iterations`` x (N + 1) + ``--h-takes`` x 2 n N (the tiny PM mock: 4 iterations, H at the
+  first and the last point, 449 evaluations per fit of 300 steps: L-BFGS's line search takes
+  one evaluation a step at first and more later, so a short timed fit undercounts them).
 
-    python scripts/muse_cost.py --steps 10 --json docs/bench/muse_cost_default.json -- \\
+``--reproject`` recomputes the projection of an existing ``--json`` with other settings, timing
+nothing.
+
+    python scripts/muse_cost.py --steps 20 --evals-per-fit 449 --json docs/bench/muse_cost_default.json -- \\
         inference.map.muse.n_sims=16 inference.map.muse.map_steps=300
 """
 
@@ -35,10 +40,17 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed gradients")
     ap.add_argument("--iterations", type=int, default=4, help="Newton iterations of the projected estimate")
     ap.add_argument("--h-takes", type=int, default=2, help="iterations of the projection that take H")
+    ap.add_argument("--evals-per-fit", type=float, help="gradient evaluations per fit (default: measured x map_steps)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--reproject", action="store_true", help="read --json, recompute its projection, time nothing")
     ap.add_argument("overrides", nargs="*", help="config overrides (after --)")
     a = ap.parse_args(argv)
 
+    if a.reproject:
+        out = json.loads(a.json.read_text())
+        out["projection"] = project(out["fit"]["evals_per_step"], out["fit"]["seconds_per_eval"],
+                                    out["projection"]["n_sims"], out["projection"]["map_steps"], out["n_params"], a)
+        return report(out, a)
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
@@ -85,28 +97,38 @@ def main(argv=None) -> int:
     print(f"fit: {steps} steps, {evals} gradient evaluations, {t_fit:.1f} s ({per_eval:.2f} s each; "
           f"compile and first run {t_first:.1f} s); gradient RMS {gn:.3g}", flush=True)
 
-    n = post.prior.n
-    fits_it, fits_h = mc.n_sims + 1, 2 * n * mc.n_sims
-    evals_fit = per_step * mc.map_steps
-    fits = a.iterations * fits_it + a.h_takes * fits_h
     out = {
-        "config": a.overrides, "shape": list(g.shape), "latents": post.dim, "forward": post.fwd.kind,
-        "devices": jax.device_count(), "gradient_s": t_grad, "gradient_compile_s": t_compile_grad,
+        "config": a.overrides, "shape": list(g.shape), "latents": post.dim, "n_params": post.prior.n,
+        "forward": post.fwd.kind, "devices": jax.device_count(), "gradient_s": t_grad,
+        "gradient_compile_s": t_compile_grad,
         "fit": {"steps": steps, "grad_evals": evals, "seconds": t_fit, "seconds_per_eval": per_eval,
                 "evals_per_step": per_step, "grad_rms": gn, "compile_and_first_run_s": t_first},
         "fit_eval_over_gradient": per_eval / t_grad,
-        "projection": {"n_sims": mc.n_sims, "map_steps": mc.map_steps, "evals_per_fit": evals_fit,
-                       "fits_per_iteration": fits_it, "fits_per_h": fits_h,
-                       "iteration_without_h_h": fits_it * evals_fit * per_eval / 3600,
-                       "iteration_with_h_h": (fits_it + fits_h) * evals_fit * per_eval / 3600,
-                       "iterations": a.iterations, "h_takes": a.h_takes, "fits": fits,
-                       "grad_evals": fits * evals_fit, "total_h": fits * evals_fit * per_eval / 3600},
+        "projection": project(per_step, per_eval, mc.n_sims, mc.map_steps, post.prior.n, a),
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
+    return report(out, a)
+
+
+def project(per_step: float, per_eval: float, n_sims: int, map_steps: int, n: int, a) -> dict:
+    fits_it, fits_h = n_sims + 1, 2 * n * n_sims
+    evals_fit = a.evals_per_fit if a.evals_per_fit else per_step * map_steps
+    fits = a.iterations * fits_it + a.h_takes * fits_h
+    return {"n_sims": n_sims, "map_steps": map_steps, "evals_per_fit": evals_fit,
+            "evals_per_fit_from": "--evals-per-fit" if a.evals_per_fit else "the timed fit",
+            "fits_per_iteration": fits_it, "fits_per_h": fits_h, "fit_h": evals_fit * per_eval / 3600,
+            "iteration_without_h_h": fits_it * evals_fit * per_eval / 3600,
+            "iteration_with_h_h": (fits_it + fits_h) * evals_fit * per_eval / 3600,
+            "iterations": a.iterations, "h_takes": a.h_takes, "fits": fits,
+            "grad_evals": fits * evals_fit, "total_h": fits * evals_fit * per_eval / 3600}
+
+
+def report(out: dict, a) -> int:
     p = out["projection"]
-    print(f"projected: one iteration {p['iteration_without_h_h']:.1f} h ({p['iteration_with_h_h']:.1f} h with H), "
-          f"the estimate {p['total_h']:.1f} h ({p['grad_evals']:.3g} gradient evaluations, {fits} fits of "
-          f"{evals_fit:.0f}) on {jax.device_count()} device(s); peak RSS {out['peak_rss_gib']:.1f} GiB")
+    print(f"projected: one fit {p['fit_h']:.2f} h, one iteration {p['iteration_without_h_h']:.1f} h "
+          f"({p['iteration_with_h_h']:.1f} h with H), the estimate {p['total_h']:.1f} h ({p['grad_evals']:.3g} "
+          f"gradient evaluations, {p['fits']} fits of {p['evals_per_fit']:.0f}) on {out['devices']} device(s) "
+          f"in one process; peak RSS {out['peak_rss_gib']:.1f} GiB")
     if a.json:
         a.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

@@ -164,6 +164,8 @@ class MuseResult:
         h_columns: ``[N, n, n]`` each simulation's finite-difference columns of H (for the bootstrap).
         history: one dict per iteration (theta, step, F, seconds, gradient evaluations).
         converged: whether the last Newton step was below ``tol`` times the MUSE sd.
+        grad_evals: the gradient evaluations of every fit the estimate used, by any process
+            and before any resume; grad_evals_here: those this process made in this run.
     """
 
     names: tuple[str, ...]
@@ -179,6 +181,7 @@ class MuseResult:
     converged: bool
     grad_evals: int
     seconds: float
+    grad_evals_here: int = 0
 
     @property
     def sd_z(self) -> np.ndarray:
@@ -323,7 +326,8 @@ class Muse:
         self.log = log or logging.getLogger("fli")
         self.zero = post.zeros().s
         self.warm: dict[str, jax.Array] = {}  # each fit's last MAP field, to start its next fit from
-        self.grad_evals = 0
+        self.grad_evals = 0  # this process, this run
+        self.used: dict[str, int] = {}  # the gradient evaluations of every fit the estimate used, by name
         self.at_budget: list[float] = []  # gradient RMS of the fits that ended at map_steps, since the last report
 
     def _dtype(self, theta):
@@ -370,8 +374,9 @@ class Muse:
         th = np.asarray(theta, np.float64)
         if any(g is None for g in mine):
             self.store.wait([n for n, g in zip(names, mine, strict=True) if g is None], th)
-        return np.asarray([g if g is not None else self.store.get(n, th)["score"]
-                           for n, g in zip(names, mine, strict=True)], np.float64)
+        recs = [self.store.get(n, th) for n in names]
+        self.used.update({n: int(r.get("evals", 0)) + 1 for n, r in zip(names, recs, strict=True)})
+        return np.asarray([g if g is not None else r["score"] for g, r in zip(mine, recs, strict=True)], np.float64)
 
     def scores(self, it: str, theta, progress: Callable | None = None):
         """``(g_data [n], g_sims [N, n])`` at theta."""
@@ -442,7 +447,8 @@ class Muse:
             rel = np.abs(step) / np.sqrt(np.diag(cov))
             history.append({"iteration": k + 1, "theta_z": theta.tolist(), "F": f.tolist(), "step": step.tolist(),
                             "step_over_sd": rel.tolist(), "h_from_iteration": h_at + 1, "newton_matrix": b.tolist(),
-                            "seconds": time.perf_counter() - ti, "grad_evals": self.grad_evals})
+                            "seconds": time.perf_counter() - ti, "grad_evals": sum(self.used.values()),
+                            "grad_evals_here": self.grad_evals})
             self.log.info("MUSE iteration %d/%d: theta_z %s, Newton step %s (%s MUSE sd)", k + 1, cfg.iterations,
                           np.round(theta, 4).tolist(), np.round(step, 4).tolist(), np.round(rel, 3).tolist())
             if on_iteration is not None:
@@ -464,7 +470,8 @@ class Muse:
                              np.round(history[-1]["step_over_sd"], 3).tolist(), cfg.tol)
         # the estimate moves by b^-1 times an error of the simulations' mean score (covariance J / N)
         return MuseResult(tuple(self.post.names), theta + step, cov, h, jm, bi @ jm @ bi.T / cfg.n_sims, g_s, g_d,
-                          h_cols, history, converged, self.grad_evals, time.perf_counter() - t0)
+                          h_cols, history, converged, sum(self.used.values()), time.perf_counter() - t0,
+                          self.grad_evals)
 
     def _progress(self, what: str, total: int):
         every = max(1, total // 4)

@@ -176,8 +176,11 @@ def muse_block(res: MuseResult, post, settings, truth: dict | None) -> dict:
            "sd_z_bootstrap_sd": boot.tolist(), "mc_sd_z": np.sqrt(np.diag(res.mc_cov_z)).tolist(),
            "H": res.h.tolist(), "J": res.j.tolist(), "converged": res.converged,
            "iterations": len(res.history), "history": res.history, "grad_evals": res.grad_evals,
+           "grad_evals_this_run": res.grad_evals_here,
            "seconds": res.seconds, "settings": dataclasses.asdict(settings),
-           "units": "params, sd, cov: physical (prior transform, delta method); *_z: standardised latents"}
+           "units": "params, sd, cov: physical (prior transform, delta method); *_z: standardised latents; "
+                    "grad_evals: of every fit the estimate used (all processes, before any resume); "
+                    "grad_evals_this_run: of the fits this process made in this run"}
     if truth:
         out["pull"] = {k: (phys["value"][k] - truth[k]) / phys["sd"][k] for k in truth if k in phys["value"]}
     return out

@@ -199,6 +199,9 @@ def test_fli_map_muse_reports_both_estimators_and_resumes_fit_by_fit(tmp_path, c
     assert f"resuming with {keep} fits" in caplog.text
     again = json.loads((run / "map.json").read_text())["muse"]
     assert len((run / "muse_scores.jsonl").read_text().splitlines()) == len(lines)  # the cut line dropped
+    # the cost counts the fits read back too: the resumed run made about half of them itself
+    assert again["grad_evals_this_run"] < 0.8 * again["grad_evals"], again["grad_evals_this_run"]
+    assert again["grad_evals"] > 0.9 * m["grad_evals"] and m["grad_evals_this_run"] == m["grad_evals"]
     d = np.asarray(again["theta_z"]) - np.asarray(m["theta_z"])
     assert np.all(np.abs(d) < 0.02 * np.asarray(m["sd_z"])), (again["theta_z"], m["theta_z"])
 
