@@ -221,3 +221,66 @@ def test_fli_sample_runs_mclmc_in_chunks_and_resumes_it_bit_for_bit(small_mock, 
     assert np.all(a["stats"]["step_size"][~warm] == a["stats"]["step_size"][~warm][0])  # fixed after the warm-up
     out = json.loads((whole / "nuts.json").read_text())
     assert out["kernel"] == "mclmc" and out["mean_tree_depth"] is None and out["energy_error_var_per_dim"] > 0
+
+
+# 172 s measured beside a niced study: a linear mock and 2 kernels x (1 process x 4 devices, 2 processes x 2 devices)
+@pytest.mark.slow(seconds=175)
+@pytest.mark.multiprocess
+def test_two_processes_reproduce_the_one_process_mclmc_and_adjusted_mclmc_chains(tmp_path):
+    """fli-sample with ``inference.kernel=mclmc`` and ``adjusted_mclmc``, SMALL posterior in
+    float64, pdims [2, 2]: 2 processes x 2 devices under scripts/launch_local.py (jax.distributed
+    over gloo) draw what 1 process x 4 devices draws, warm-up and tuning included. The programs
+    are the same and differ only in the order of their sums across processes (~1e-16 relative
+    per operation): 1e-8 leaves room for 8 transitions of amplification and still catches any
+    acceptance decided differently, or a tuned step size or L that differs (those move positions
+    by O(0.1)); acceptance decisions and step counts must be equal."""
+    import os
+    import subprocess
+    import sys
+
+    import zarr
+
+    from fli.cli.mock import main as mock_main
+    from fli.infer.run_store import complete_chunks, read_chunks
+    from tests.helpers import xla
+    from tests.helpers.posterior import SMALL
+    from tests.helpers.processes import ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=xla.FLAGS, PYTHONUNBUFFERED="1")
+    mock = tmp_path / "mock"  # the linear forward's own mock (the PM mock drives sigma8 to its prior's edge)
+    assert mock_main([*SMALL, "simulation.forward=linear", f"run_dir={mock}"]) == 0
+    # the linear forward and a first step size of 1 (not 0.1, whose first trajectories run 256
+    # steps): over gloo every collective costs ~ms, and the PM gradient of this posterior took
+    # ~1 s in 2 processes; the kernels' code is the same for either forward, and the PM
+    # forward's 2-process agreement is tests/infer/test_nuts_multiprocess.py's
+    sample = [sys.executable, "-m", "fli.cli.sample", *SMALL, f"mock={mock}", "simulation.forward=linear",
+              "simulation.dtype=float64", "distributed.pdims=[2,2]", "inference.num_warmup=4",
+              "inference.num_samples=4", "inference.chunk=4", "inference.field_thin=4", "inference.step_size=1.0",
+              "seed=3", "progress=false", f"compilation_cache={tmp_path / 'cache'}"]
+    for kernel in ("mclmc", "adjusted_mclmc"):
+        one, two = tmp_path / f"{kernel}_one", tmp_path / f"{kernel}_two"
+        r = subprocess.run([*sample, f"inference.kernel={kernel}", f"run_dir={one}",
+                            "distributed.local_device_count=4"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch_local.py"), "-n", "2",
+                            "--devices-per-process", "2", "--", *sample, f"inference.kernel={kernel}",
+                            f"run_dir={two}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+        assert "2 process(es), 4 device(s)" in r.stdout + r.stderr
+        assert complete_chunks(one) == complete_chunks(two) == [0, 1]
+        a, b = read_chunks(one), read_chunks(two)
+        assert set(a["stats"]) == set(b["stats"]), (sorted(a["stats"]), sorted(b["stats"]))
+        for name, v in a["stats"].items():
+            if name == "seconds":
+                continue
+            if np.issubdtype(v.dtype, np.floating):
+                np.testing.assert_allclose(b["stats"][name], v, rtol=1e-8, atol=1e-8, err_msg=f"{kernel} {name}")
+            else:
+                np.testing.assert_array_equal(b["stats"][name], v, err_msg=f"{kernel} {name}")
+        for name in ("Omega_c", "sigma8"):
+            d = float(np.max(np.abs(b["draws"][name] - a["draws"][name])))
+            assert d <= 1e-8, (kernel, name, d)
+        fa, fb = (zarr.open_group(str(r / "chunks" / "chunk_00001" / "fields.zarr"), mode="r")["white_noise"][...]
+                  for r in (one, two))
+        assert fa.shape == (1, 8, 8, 32) and float(np.max(np.abs(fb - fa))) <= 1e-8, kernel
