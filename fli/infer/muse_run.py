@@ -48,7 +48,7 @@ class JsonlStore(ScoreStore):
     the others of ``spread=processes``) is appended to and fsynced after every fit, where
     ``writes``. :meth:`wait` reads the other workers' files until the fits it needs are there."""
 
-    POLL = 0.2  # [s] between reads of the other workers' files while waiting
+    POLL = (0.2, 5.0)  # [s] between reads of the other workers' files while waiting: the first, and at most
 
     def __init__(self, run_dir: Path, rank: int = 0, writes: bool = True, log: logging.Logger | None = None):
         super().__init__()
@@ -87,6 +87,7 @@ class JsonlStore(ScoreStore):
         """Read the other workers' files until every one of ``names`` is there at ``theta``. A
         worker that dies stops this one through jax.distributed's heartbeat, not here."""
         t0 = last = time.monotonic()
+        pause = self.POLL[0]
         while True:
             missing = [n for n in names if self.get(n, theta) is None]
             if not missing:
@@ -95,7 +96,8 @@ class JsonlStore(ScoreStore):
                 last = time.monotonic()
                 self.log.info("MUSE: waiting %.0f s for %d fits of the other processes (%s, ...)",
                               last - t0, len(missing), missing[0])
-            time.sleep(self.POLL)
+            time.sleep(pause)
+            pause = min(1.5 * pause, self.POLL[1])  # a long wait (fits of hours) reads the files seldom
             for p in self.path.parent.glob("muse_scores*.jsonl"):
                 if p != self.path:
                     self._read(p)
