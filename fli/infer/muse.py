@@ -31,8 +31,8 @@ marginal posterior's mode; tests/infer/test_muse.py holds it against fli.infer.e
 **theta is standardised** (``theta_z``, a priori N(0, I), fli.infer.priors): the prior's score
 and Hessian are then ``-theta`` and ``-I``, bounded priors have no edges for Newton's step to
 cross, and a finite-difference step means the same fraction of the prior for every parameter.
-:meth:`MuseResult.physical` maps the estimate through the prior transform and the covariance
-by the delta method (and adds Omega_m and S8).
+:meth:`~fli.infer.muse_result.MuseResult.physical` pushes that Gaussian through the prior transform and reports its
+moments (and Omega_m and S8).
 
 **Monte Carlo error.** ``N`` simulations leave ``theta_MUSE`` an error of covariance
 ``(H + I)^-1 J (H + I)^-T / N`` (``MuseResult.mc_cov``). The covariance's own Monte Carlo
@@ -45,7 +45,6 @@ converges to one point), and its field MAP starts from its own previous one.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -57,6 +56,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from fli.infer.model import Data, Latents, Posterior
+from fli.infer.muse_result import MuseResult, covariance
 from fli.lensing import KAPPA_SPEC
 from fli.sharding import field_leaf_shardings, replicated_to_host, white_noise
 
@@ -148,76 +148,6 @@ def make_simulator(post: Posterior):
     return jax.jit(simulate)
 
 
-# ============================================================================== the result
-
-
-@dataclasses.dataclass
-class MuseResult:
-    """The MUSE estimate in the standardised latents and what it was made of.
-
-    Attributes:
-        names: the sampled parameters.
-        theta_z: ``[n]`` the estimate; cov_z: ``[n, n]`` its covariance (prior included).
-        h, j: ``[n, n]`` the last H (finite differences) and J (scores' covariance).
-        mc_cov_z: ``[n, n]`` the Monte Carlo covariance of ``theta_z`` from the N simulations.
-        sim_scores: ``[N, n]`` the simulations' scores at the last evaluation; data_score ``[n]``.
-        h_columns: ``[N, n, n]`` each simulation's finite-difference columns of H (for the bootstrap).
-        history: one dict per iteration (theta, step, F, seconds, gradient evaluations).
-        converged: whether the last Newton step was below ``tol`` times the MUSE sd.
-        grad_evals: the gradient evaluations of every fit the estimate used, by any process
-            and before any resume; grad_evals_here: those this process made in this run.
-    """
-
-    names: tuple[str, ...]
-    theta_z: np.ndarray
-    cov_z: np.ndarray
-    h: np.ndarray
-    j: np.ndarray
-    mc_cov_z: np.ndarray
-    sim_scores: np.ndarray
-    data_score: np.ndarray
-    h_columns: np.ndarray
-    history: list
-    converged: bool
-    grad_evals: int
-    seconds: float
-    grad_evals_here: int = 0
-
-    @property
-    def sd_z(self) -> np.ndarray:
-        return np.sqrt(np.diag(self.cov_z))
-
-    def bootstrap_sd(self, n_boot: int = 200, seed: int = 0) -> np.ndarray:
-        """The Monte Carlo sd of each of ``sd_z`` over resamplings of the simulations (their
-        scores for J, their finite-difference columns for H)."""
-        rng = np.random.default_rng(seed)
-        n = self.sim_scores.shape[0]
-        out, singular = [], 0
-        while len(out) < n_boot:
-            idx = rng.integers(0, n, n)
-            try:
-                j = np.cov(self.sim_scores[idx].T).reshape(len(self.names), len(self.names))  # 0-d for one parameter
-                out.append(np.sqrt(np.diag(covariance(self.h_columns[idx].mean(0), j))))
-            except FloatingPointError:  # few distinct simulations in the resample (small N): J singular
-                singular += 1
-                if singular > 10 * n_boot:  # nearly every resample: report no error rather than loop
-                    return np.full(len(self.names), np.nan)
-        return np.std(np.asarray(out), axis=0, ddof=1)
-
-    def physical(self, post: Posterior) -> dict:
-        """``{"value": {...}, "sd": {...}, "cov": [[...]], "mc_sd": {...}, "names": [...]}`` of the
-        sampled parameters and Omega_m, S8: the estimate through the prior transform, the
-        covariances by the delta method (first order in the MUSE width)."""
-        th = jnp.asarray(self.theta_z, post.fwd.grid.jdtype)
-        vals = {k: float(v) for k, v in post.params(th).items()}
-        names = list(vals)
-        jac = np.asarray(jax.jacfwd(lambda t: jnp.stack(list(post.params(t).values())))(th), np.float64)
-        cov = jac @ self.cov_z @ jac.T
-        mc = jac @ self.mc_cov_z @ jac.T
-        sd = lambda c: {k: float(math.sqrt(max(c[i, i], 0.0))) for i, k in enumerate(names)}
-        return {"names": names, "value": vals, "sd": sd(cov), "cov": cov.tolist(), "mc_sd": sd(mc)}
-
-
 MAX_STEP = 1.0  # the longest Newton step, in prior sds (the standardised latents' units)
 
 
@@ -249,25 +179,6 @@ def _newton_matrix(h, b, prev, theta, f) -> np.ndarray:
     if not np.all(np.isfinite(new)) or np.linalg.eigvalsh(sym).min() <= 0:
         return b
     return new
-
-
-def covariance(h: np.ndarray, j: np.ndarray) -> np.ndarray:
-    """``(H^T J^-1 H + I)^-1``: the likelihood's ``H^-1 J H^-T`` with the standard-normal prior."""
-    h, j = np.asarray(h, np.float64), np.asarray(j, np.float64)
-    try:
-        jinv_h = np.linalg.solve(j, h)
-    except np.linalg.LinAlgError:
-        raise FloatingPointError(f"MUSE: the simulations' scores have a singular covariance J = {j.tolist()}: "
-                                 f"raise inference.map.muse.n_sims, or check that every sampled parameter "
-                                 f"changes the model") from None
-    prec = h.T @ jinv_h + np.eye(h.shape[0])
-    prec = 0.5 * (prec + prec.T)
-    # a J that is singular to round-off (few distinct simulations) solves without an error but
-    # leaves H^T J^-1 H + I indefinite
-    if not np.all(np.isfinite(prec)) or np.linalg.eigvalsh(prec).min() <= 0:
-        raise FloatingPointError(f"MUSE: H^T J^-1 H + I is not positive definite (H = {h.tolist()}, "
-                                 f"J = {j.tolist()}): raise inference.map.muse.n_sims")
-    return np.linalg.inv(prec)
 
 
 # ============================================================================ the iteration

@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from fli.files import is_writer
-from fli.infer.muse import Muse, MuseResult, ScoreStore
+from fli.infer.muse import Muse, ScoreStore
+from fli.infer.muse_result import MuseResult
 
 SCORES = "muse_scores.jsonl"
 ITERATIONS = "muse_iterations.jsonl"
@@ -36,9 +37,11 @@ MUSE_NOTE = (
     "MUSE (Millea & Seljak 2022): the estimate solves g(theta, d) - <g(theta, x_i)> - theta = 0, where g is "
     "the joint likelihood's score in the standardised parameters at the field's MAP with theta held fixed, "
     "and x_i are n_sims simulations at theta. It is unbiased whatever the field MAP is, and its covariance "
-    "(H^T J^-1 H + I)^-1 includes the prior. Physical values are the estimate through the prior transform, "
-    "their covariance by the delta method. mc_sd is the Monte Carlo error of the estimate from the finite "
-    "number of simulations; sd_bootstrap_sd the Monte Carlo error of sd (resampling the simulations).")
+    "(H^T J^-1 H + I)^-1 includes the prior. That covariance is a Gaussian in the standardised "
+    "parameters: params, sd and cov are its mean and covariance pushed through the prior transform, median "
+    "and interval68 the estimate and its central 68 % interval through it. mc_sd is the Monte Carlo error of "
+    "the estimate from the finite number of simulations; sd_z_bootstrap_sd the Monte Carlo error of sd_z "
+    "(resampling the simulations).")
 
 
 class JsonlStore(ScoreStore):
@@ -173,14 +176,17 @@ def muse_block(res: MuseResult, post, settings, truth: dict | None) -> dict:
     phys = res.physical(post)
     boot = res.bootstrap_sd()
     out = {"estimator": "muse", "description": MUSE_NOTE, "params": phys["value"], "sd": phys["sd"],
-           "cov": phys["cov"], "cov_names": phys["names"], "mc_sd": phys["mc_sd"],
+           "cov": phys["cov"], "cov_names": phys["names"], "median": phys["median"],
+           "interval68": phys["interval68"], "mc_sd": phys["mc_sd"],
            "theta_z": res.theta_z.tolist(), "cov_z": res.cov_z.tolist(), "sd_z": res.sd_z.tolist(),
            "sd_z_bootstrap_sd": boot.tolist(), "mc_sd_z": np.sqrt(np.diag(res.mc_cov_z)).tolist(),
            "H": res.h.tolist(), "J": res.j.tolist(), "converged": res.converged,
            "iterations": len(res.history), "history": res.history, "grad_evals": res.grad_evals,
            "grad_evals_this_run": res.grad_evals_here,
            "seconds": res.seconds, "settings": dataclasses.asdict(settings),
-           "units": "params, sd, cov: physical (prior transform, delta method); *_z: standardised latents; "
+           "units": "params, sd, cov: the mean and covariance of MUSE's latent Gaussian pushed through the prior "
+                    "transform; median, interval68: the estimate and its central 68 % interval through it; "
+                    "mc_sd: delta method; *_z: standardised latents; "
                     "grad_evals: of every fit the estimate used (all processes, before any resume); "
                     "grad_evals_this_run: of the fits this process made in this run"}
     if truth:

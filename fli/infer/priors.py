@@ -18,6 +18,7 @@ Jacobian term to carry.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -98,3 +99,39 @@ class PriorTransform:
         """Draws of the physical parameters ``[*shape, n]`` from the prior."""
         z = jax.random.normal(key, (*shape, self.n))
         return jnp.moveaxis(jnp.stack([self._one(i, z[..., i]) for i in range(self.n)]), 0, -1)
+
+
+PUSHFORWARD_POINTS = 20_000  # the most points the pushforward's quadrature evaluates
+
+
+def gaussian_pushforward(mean_z, cov_z, fn, max_points: int = PUSHFORWARD_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """Mean ``[m]`` and covariance ``[m, m]`` of ``fn(z)`` for ``z ~ N(mean_z, cov_z)`` (host, float64).
+
+    ``fn`` maps a batch of latents ``[N, n]`` to values ``[N, m]`` (e.g. the prior transform and
+    the derived parameters). A Gaussian in the standardised latents is not Gaussian in the
+    physical parameters: near a bounded prior's edge, or where the latent width is comparable to
+    the prior's, the delta method ``J cov_z J^T`` misstates the width (a latent N(0, 1) through a
+    uniform prior gives the delta method 1.38x the uniform's sd). The moments here are those of
+    the pushforward itself.
+
+    Quadrature: Gauss-Hermite's product rule with ``k`` nodes per axis, ``k`` the largest with
+    ``k^n <= max_points``, at most 64 (exact for polynomials of degree ``2k - 1``; k = 64 for
+    n = 2, 27 for n = 3, 11 for n = 4); where that leaves ``k < 8``, ``max_points`` draws of a fixed seed
+    (relative Monte Carlo error of a variance ``sqrt(2 / max_points)``, 1 % at the default).
+    """
+    mean_z, cov_z = np.asarray(mean_z, np.float64), np.asarray(cov_z, np.float64)
+    n = mean_z.shape[0]
+    w_eig, v = np.linalg.eigh(0.5 * (cov_z + cov_z.T))
+    root = v * np.sqrt(np.clip(w_eig, 0.0, None))
+    k = min(64, int(math.floor(max_points ** (1.0 / n) + 1e-9))) if n else 1
+    if k >= 8:
+        x, w = np.polynomial.hermite_e.hermegauss(k)
+        grid = np.stack(np.meshgrid(*([x] * n), indexing="ij"), -1).reshape(-1, n)
+        weights = np.prod(np.stack(np.meshgrid(*([w / w.sum()] * n), indexing="ij"), -1).reshape(-1, n), axis=1)
+    else:
+        grid = np.random.default_rng(0).standard_normal((max_points, n))
+        weights = np.full(max_points, 1.0 / max_points)
+    vals = np.asarray(fn(mean_z + grid @ root.T), np.float64)
+    mean = weights @ vals
+    dev = vals - mean
+    return mean, (dev * weights[:, None]).T @ dev

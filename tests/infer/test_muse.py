@@ -190,6 +190,8 @@ def test_fli_map_muse_reports_both_estimators_and_resumes_fit_by_fit(tmp_path, c
     assert m["estimator"] == "muse" and first["estimators"]["params"] == "joint MAP" and "muse" in first["estimators"]
     assert set(m["params"]) == {"Omega_c", "sigma8", "Omega_m", "S8"} and all(v > 0 for v in m["sd"].values())
     assert m["converged"] and (run / "estimates.png").stat().st_size > 0
+    for k, (lo, hi) in m["interval68"].items():  # the pushforward's mean and median inside its 68 % interval
+        assert lo < m["median"][k] < hi and lo < m["params"][k] < hi, (k, lo, hi, m["median"][k], m["params"][k])
     lines = (run / "muse_scores.jsonl").read_text().splitlines()
     keep = len(lines) // 2
     (run / "map.json").unlink()
@@ -291,7 +293,7 @@ def test_the_bootstrap_passes_over_resamples_with_a_singular_j():
     """With few simulations some resamples repeat one or two of them, and their J is singular;
     the bootstrap draws again instead of failing (found running 5 simulations), and gives the
     spread of the others."""
-    from fli.infer.muse import MuseResult, covariance
+    from fli.infer.muse_result import MuseResult, covariance
 
     # one parameter and 2 simulations: half the resamples repeat one simulation, and their J is 0
     g, cols = np.array([[0.3], [-1.2]]), np.array([[[2.0]], [[2.5]]])
