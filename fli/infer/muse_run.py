@@ -195,17 +195,25 @@ def muse_block(res: MuseResult, post, settings, truth: dict | None) -> dict:
 
 
 def estimates_figure(out: dict, path: Path) -> Path:
-    """Each parameter's joint MAP (Laplace marginal width) and MUSE estimate (its sd), with the
-    truth where the mock has one, in units of the MUSE sd around the MUSE estimate."""
+    """Each parameter's joint MAP (Laplace marginal width) and MUSE estimate, with the truth
+    where the mock has one. MUSE is drawn as its mean and sd (a dot and a bar) and, for a
+    sampled parameter, its median and central 68 % interval (a thick bar, asymmetric near a
+    prior's bound)."""
     from fli.plots import pyplot, save_figure  # noqa: PLC0415
 
     plt = pyplot()
     muse = out["muse"]
     names = [k for k in muse["params"] if k != "Omega_m" or "Omega_c" not in muse["params"]]
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.0), constrained_layout=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.3), layout="constrained", squeeze=False)
     lap = ((out.get("laplace") or {}).get("marginal") or {}).get("std", {})
     for ax, k in zip(axes[0], names, strict=True):
-        ax.errorbar([muse["params"][k]], [1], xerr=[muse["sd"][k]], fmt="o", color="C0", capsize=3, label="MUSE")
+        ax.errorbar([muse["params"][k]], [1], xerr=[muse["sd"][k]], fmt="o", color="C0", capsize=3,
+                    label="MUSE mean, sd")
+        if k in muse.get("interval68", {}):
+            lo, hi = muse["interval68"][k]
+            ax.plot([lo, hi], [1.15, 1.15], color="C0", lw=4, alpha=0.5, solid_capstyle="butt",
+                    label="MUSE 68 % interval")
+            ax.plot([muse["median"][k]], [1.15], "|", color="C0", ms=10)
         ax.errorbar([out["params"][k]], [0], xerr=[lap[k]] if k in lap else None, fmt="s", color="C1", capsize=3,
                     label="joint MAP" + (" (Laplace)" if k in lap else ""))
         if k in (out.get("truth") or {}):
@@ -213,7 +221,7 @@ def estimates_figure(out: dict, path: Path) -> Path:
         ax.set_yticks([0, 1], ["joint MAP", "MUSE"])
         ax.set_ylim(-0.7, 1.7)
         ax.set_xlabel(k)
-    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.legend(*axes[0][0].get_legend_handles_labels(), fontsize=7, loc="outside lower center", ncols=4)
     fig.suptitle(f"parameter estimates ({muse['settings']['n_sims']} simulations, "
                  f"{muse['iterations']} MUSE iterations{'' if muse['converged'] else ', not converged'})")
     return save_figure(fig, path)
