@@ -108,16 +108,18 @@ def test_tuned_mclmc_on_8_devices_draws_the_gaussian_target():
 def test_adjusted_mclmc_on_8_devices_draws_the_gaussian_target_exactly():
     """The adjusted kernel on the same target and chains: its Metropolis test makes it exact,
     so the variances' mean ratio has its Monte Carlo error alone (~0.01; 0.035 is 3.5 of it),
-    the acceptance averages the 0.9 that dual averaging aims at (+- 0.07: the average over
-    a warm-up's noisy updates), L within 10 % of sqrt(sum of the variances), and the means as
-    for MCLMC."""
+    L within 10 % of sqrt(sum of the variances), and the means as for MCLMC. The acceptance
+    after warm-up lands near the 0.8 that dual averaging aims at: measured 0.83 over the 8
+    chains (sd over chains 0.02), within 0.06. With one dual averaging of NumPyro's gamma
+    over the whole warm-up it was 0.90: its average step was shorter than its aim (the
+    module's docstring)."""
     from fli.infer.adjusted_mclmc import adjusted_mclmc_kernel
 
     target = Gaussian(make_mesh((2, 4)))
-    kern = adjusted_mclmc_kernel(target, _latent(target), num_warmup=300, step_size=0.1, target_accept=0.9)
+    kern = adjusted_mclmc_kernel(target, _latent(target), num_warmup=300, step_size=0.1, target_accept=0.8)
     state, (draws, _, div, accept) = _chains(target, kern, 300, 600)
     assert not div.any()
-    assert abs(float(np.mean(accept)) - 0.9) < 0.07, float(np.mean(accept))
+    assert abs(float(np.mean(accept)) - 0.8) < 0.06, float(np.mean(accept))
     _check_moments(target, state, draws, mean_square=(0.3, 2.0), variance=0.035)
 
 
