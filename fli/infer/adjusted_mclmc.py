@@ -126,7 +126,8 @@ def adjusted_mclmc_kernel(post, latent: LatentLayout, num_warmup: int = 100, ste
         info = StepInfo(potential_energy=U, energy=jnp.full((), jnp.nan, U.dtype),
                         diverging=~ok | (jnp.where(ok, dE, 0.0) > DIVERGED), num_steps=n * n_grads,
                         tree_depth=jnp.zeros((), jnp.int32), accept_prob=a, mean_accept_prob=a, step_size=eps,
-                        energy_error=jnp.where(ok, dE, jnp.nan) / jnp.sqrt(jnp.asarray(d, dtype)))
+                        energy_error=jnp.where(ok, dE, jnp.nan) / jnp.sqrt(jnp.asarray(d, dtype)),
+                        turning=jnp.full((), jnp.nan, U.dtype))
         return new, info
 
     return Kernel(name="adjusted_mclmc", latent=latent, init=init, step=step, latents=latent.latents,

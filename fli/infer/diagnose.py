@@ -13,7 +13,9 @@ the shortest chain's post-warm-up draws:
   (``field_summaries.pk_white_noise``), reported as their minimum and harmonic mean (not
   Vats' multivariate ESS, another quantity);
 * sampler health: divergences after warm-up, ``az.bfmi`` (E-BFMI) per chain, the fraction of
-  draws at the run's ``inference.max_tree_depth`` (NUTS), step size and acceptance per chain;
+  draws whose tree the run's ``inference.max_tree_depth`` cut short (NUTS: the tree reached
+  that depth without a U-turn; a U-turn at the last doubling is told apart by the ``turning``
+  statistic the kernel records), step size and acceptance per chain;
 * efficiency: ESS per 1000 gradient evaluations and per hour of sampling, both summed over
   the chains' post-warm-up draws that were used (cumulative ``gradient_evals`` and ``seconds``
   of ``stats.npz``).
@@ -53,7 +55,7 @@ from fli.manifest import SAMPLING, check_kind, kind_of, read_manifest, write_man
 DIAGNOSTICS_JSON = "diagnostics.json"
 CHAINS_NC = "chains.nc"
 STAT_KEYS = ("diverging", "energy", "tree_depth", "n_steps", "step_size", "acceptance_rate", "lp", "gradient_evals",
-             "energy_error")  # energy_error: MCLMC's (NaN for NUTS and HMC; absent from runs made before it)
+             "energy_error", "turning")  # energy_error: MCLMC's; turning: NUTS's (each absent from runs before it)
 VERDICTS = ("pass", "warn", "fail")
 # exit statuses: a verdict's, apart from bad input's 2 (every fli command's) and a crash's 1
 EXIT_STATUS = {"pass": 0, "warn": 3, "fail": 4}
@@ -275,6 +277,23 @@ def field_convergence(idata) -> dict:
             "ess_bulk_harmonic_mean": harmonic_mean(bulk), "ess_tail_harmonic_mean": harmonic_mean(tail)}
 
 
+def _max_depth_ends(depth, diverging, turning, maxd) -> dict:
+    """Fractions of a chain's draws whose tree reached ``maxd``, by what ended it:
+
+    * ``cap``: the depth cap (no U-turn, no divergence), and draws of a run made before
+      ``turning`` was recorded, which cannot be told apart from it (a full tree at the last
+      depth has the same length either way);
+    * ``uturn``: a U-turn at the last doubling (the trajectory was long enough);
+    * ``unrecorded``: of ``cap``, the draws with no record.
+    """
+    at_max = np.asarray(depth) >= maxd
+    turn = np.full(at_max.shape, np.nan) if turning is None else np.asarray(turning, float)
+    known = np.isfinite(turn)
+    uturn = at_max & known & (turn > 0.5)
+    cap = at_max & ~uturn & ~np.asarray(diverging, bool)
+    return {"cap": float(np.mean(cap)), "uturn": float(np.mean(uturn)), "unrecorded": float(np.mean(cap & ~known))}
+
+
 def sampler_health(idata, chains: list[Chain]) -> dict:
     """Divergences after warm-up, E-BFMI (ArviZ), tree-depth saturation, step size and
     acceptance, per chain and in all."""
@@ -290,9 +309,12 @@ def sampler_health(idata, chains: list[Chain]) -> dict:
         inf = c.config.get("inference", {}) or {}
         kernel = inf.get("kernel", "nuts")
         maxd = inf.get("max_tree_depth")
-        sat = float(np.mean(depth[j] >= maxd)) if kernel == "nuts" and maxd is not None else None
+        ends = _max_depth_ends(depth[j], div[j], st["turning"][j] if "turning" in st else None, maxd) \
+            if kernel == "nuts" and maxd is not None else {}
         per.append({"run": str(c.run), "divergences": int(div[j].sum()), "ebfmi": _f(bfmi[j]),
-                    "tree_depth_saturation": sat, "max_tree_depth": maxd if kernel == "nuts" else None,
+                    "tree_depth_saturation": ends.get("cap"), "max_depth_uturn": ends.get("uturn"),
+                    "max_depth_unrecorded": ends.get("unrecorded"),
+                    "max_tree_depth": maxd if kernel == "nuts" else None,
                     "kernel": kernel, "mean_tree_depth": _f(depth[j].mean()),
                     "step_size": _f(np.mean(st["step_size"][j])),
                     "acceptance": _f(np.mean(st["acceptance_rate"][j])),
@@ -392,7 +414,12 @@ def checks(conv: dict, field: dict, health: dict, d: DiagnoseConfig) -> list[dic
     if v is None:
         add("tree_depth", "fraction of draws at max_tree_depth (not NUTS: not applicable)", None, "n/a", "NUTS only")
     else:
-        add("tree_depth", "largest fraction of a chain's draws at the run's max_tree_depth", v,
+        per = health["per_chain"]
+        uturn = max((p["max_depth_uturn"] or 0.0) for p in per)
+        unrec = max((p["max_depth_unrecorded"] or 0.0) for p in per)
+        add("tree_depth", "largest fraction of a chain's draws whose tree the depth cap ended (max_tree_depth "
+            f"reached without a U-turn; U-turns at the last doubling, not counted: up to {100 * uturn:.1f}%"
+            + (f"; with no record of why, counted as the cap: up to {100 * unrec:.1f}%" if unrec else "") + ")", v,
             _band(v, lambda x: x < d.tree_depth_pass, lambda x: x < d.tree_depth_warn),
             f"pass < {100 * d.tree_depth_pass:g}%, warn < {100 * d.tree_depth_warn:g}%")
     return out

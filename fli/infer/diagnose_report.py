@@ -68,7 +68,7 @@ def render(report: dict, run_dir: Path) -> str:
         parts.append("<p>Dropped:</p><ul>" + "".join(f"<li>{e(d['run'])}: {e(d['reason'])}</li>"
                                                      for d in report["dropped"]) + "</ul>")
     sh = report["sampler"]["per_chain"]
-    parts.append(_table(["run", "divergences", "E-BFMI", "at max tree depth", "mean tree depth", "step size",
+    parts.append(_table(["run", "divergences", "E-BFMI", "ended by the depth cap", "mean tree depth", "step size",
                          "acceptance"],
                         [[e(p["run"]), str(p["divergences"]), _n(p["ebfmi"], ".3f"),
                           _n(None if p["tree_depth_saturation"] is None else 100 * p["tree_depth_saturation"], ".1f")

@@ -25,7 +25,7 @@ from fli.infer.run_store import POSTERIOR_NC, read_chunks
 from fli.sharding import replicated_to_host
 
 STAT_KEYS = ("diverging", "energy", "potential_energy", "tree_depth", "n_steps", "step_size", "acceptance_rate",
-             "energy_error", "gradient_evals", "lp")  # energy_error: absent from runs made before MCLMC
+             "energy_error", "turning", "gradient_evals", "lp")  # energy_error, turning: absent from older runs
 SPECTRA = ("pk_white_noise", "pk_linear")
 
 

@@ -253,7 +253,8 @@ def mclmc_kernel(post, latent: LatentLayout, num_warmup: int = 100, step_size: f
         info = StepInfo(potential_energy=U, energy=jnp.full((), jnp.nan, U.dtype), diverging=bad,
                         num_steps=jnp.asarray(n_grads, jnp.int32), tree_depth=jnp.zeros((), jnp.int32),
                         accept_prob=jnp.where(bad, 0.0, one), mean_accept_prob=one, step_size=eps,
-                        energy_error=jnp.where(bad, jnp.nan, dE / jnp.sqrt(jnp.asarray(d, dE.dtype))))
+                        energy_error=jnp.where(bad, jnp.nan, dE / jnp.sqrt(jnp.asarray(d, dE.dtype))),
+                        turning=jnp.full((), jnp.nan, U.dtype))
         return new, info
 
     return Kernel(name="mclmc", latent=latent, init=init, step=step, latents=latent.latents,

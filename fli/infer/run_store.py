@@ -9,7 +9,9 @@ Run directory::
       draws.npz                 draw index, warm-up flag, the sampled parameters, Omega_m, S8
       stats.npz                 diverging, energy, potential_energy, tree_depth, n_steps,
                                 step_size, acceptance_rate, mean_accept_prob, energy_error
-                                (MCLMC's, / sqrt(dim); NaN for NUTS, HMC), gradient_evals (cumulative),
+                                (MCLMC's, / sqrt(dim); NaN for NUTS, HMC), turning (NUTS: 1 if a
+                                U-turn ended the tree, 0 if the depth cap or a divergence did;
+                                NaN for the other kernels), gradient_evals (cumulative),
                                 seconds (cumulative)
       spectra.npz               k, P(k) of the white noise and of the linear field per draw
       fields.zarr               every field_thin-th draw: white noise and noiseless kappa
@@ -169,7 +171,7 @@ def write_chunk(run_dir: Path, i: int, first_draw: int, num_warmup: int, draws, 
              "potential_energy": host(info.potential_energy), "tree_depth": host(info.tree_depth),
              "n_steps": host(info.num_steps), "step_size": host(info.step_size),
              "acceptance_rate": host(info.accept_prob), "mean_accept_prob": host(info.mean_accept_prob),
-             "energy_error": host(info.energy_error),
+             "energy_error": host(info.energy_error), "turning": host(info.turning),
              "gradient_evals": host(draws.grads), "seconds": seconds}
     savez(tmp / "stats.npz", draw=idx, **stats)
     savez(tmp / "spectra.npz", draw=idx, k=np.asarray(k), pk_white_noise=host(draws.pk_s), pk_linear=host(draws.pk_lin))
@@ -192,17 +194,31 @@ def mark_chunk(run_dir: Path, i: int) -> None:
 
 def read_chunks(run_dir: Path, which=None) -> dict:
     """The draws, stats and spectra of the complete chunks (or of ``which``), concatenated
-    (numpy): ``{"draws": {...}, "stats": {...}, "spectra": {...}}``."""
+    (numpy): ``{"draws": {...}, "stats": {...}, "spectra": {...}}``. A float statistic that
+    some chunks lack (a run extended across a version that added it, e.g. ``turning``) is NaN
+    in those chunks' draws, so that every array stays aligned with the draws."""
     run_dir = Path(run_dir)
     out: dict = {"draws": {}, "stats": {}, "spectra": {}}
+    lengths: list = []
     for i in (complete_chunks(run_dir) if which is None else which):
         for part in out:
             with np.load(chunk_dir(run_dir, i) / f"{part}.npz") as f:
+                if part == "draws":
+                    lengths.append(len(f["draw"]))
                 for name in f.files:
-                    out[part].setdefault(name, []).append(f[name])
+                    out[part].setdefault(name, {})[len(lengths) - 1] = f[name]
     for d in out.values():
-        for name, v in d.items():
-            d[name] = v[0] if name == "k" else np.concatenate(v)
+        for name, by_chunk in d.items():
+            if name == "k":
+                d[name] = next(iter(by_chunk.values()))
+                continue
+            pieces = [by_chunk.get(j) for j in range(len(lengths))]
+            if any(p is None for p in pieces):
+                dtype = next(p for p in pieces if p is not None).dtype
+                if not np.issubdtype(dtype, np.floating):
+                    raise ValueError(f"{run_dir}: {name!r} is missing from some chunks and is not a float statistic")
+                pieces = [np.full(n, np.nan, dtype) if p is None else p for p, n in zip(pieces, lengths, strict=True)]
+            d[name] = np.concatenate(pieces)
     return out
 
 

@@ -274,8 +274,11 @@ def _progress(log, icfg, done, total, draws: Draws, acc: Accum, per_draw, n_div,
         what = (f"accept {float(np.mean(info.accept_prob)):.2f}, "
                 f"{float(np.mean(info.num_steps)):.0f} gradients a transition")
     else:
-        what = (f"tree depth {float(np.mean(info.tree_depth)):.1f} (max {int(np.max(info.tree_depth))}), "
-                f"accept {float(np.mean(info.accept_prob)):.2f}")
+        capped = (np.asarray(info.tree_depth) >= icfg.max_tree_depth) & (np.asarray(info.turning) == 0) \
+            & ~np.asarray(info.diverging, bool)
+        what = (f"tree depth {float(np.mean(info.tree_depth)):.1f} (max {int(np.max(info.tree_depth))}"
+                + (f", {100 * float(np.mean(capped)):.0f}% cut by the cap" if icfg.kernel == "nuts" else "")
+                + f"), accept {float(np.mean(info.accept_prob)):.2f}")
     log.info("chunk %d: draws %d/%d (warm-up %d/%d), step size %s, %s, divergences after warm-up %d, gradient "
              "evaluations %d, %.2f s/draw, %s left", i, done, total, warm, icfg.num_warmup,
              " ".join(f"{x:.3g}" for x in steps), what, n_div, int(np.sum(replicated_to_host(acc.grads))), per_draw,
@@ -312,6 +315,10 @@ def _summary(run_dir: Path, icfg, post: Posterior, seconds: float, init_desc, wa
         "gradient_evals": int(st["gradient_evals"][-1]), "seconds_sampling": seconds, "seconds_this_run": wall,
         "step_size": float(st["step_size"][-1]), "mean_tree_depth": float(np.mean(st["tree_depth"][~warm]))
         if (~warm).any() and icfg.kernel == "nuts" else None,
+        # NUTS: the post-warm-up draws whose tree the depth cap ended (no U-turn; NaN records are older draws')
+        "depth_cap_fraction": float(np.mean((st["tree_depth"][~warm] >= icfg.max_tree_depth)
+                                            & (st["turning"][~warm] == 0) & ~st["diverging"][~warm].astype(bool)))
+        if (~warm).any() and icfg.kernel == "nuts" and "turning" in st else None,
         "energy_error_var_per_dim": float(np.nanmean(st["energy_error"][~warm] ** 2))
         if (~warm).any() and icfg.kernel == "mclmc" else None,
         "params_mean": {k: float(np.mean(c["draws"][k][~warm])) for k in reported_names(post.names)}

@@ -35,6 +35,7 @@ before the one rounding (:mod:`fli.infer.energy`). Energies reported are therefo
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -61,6 +62,30 @@ class StepInfo(NamedTuple):
     mean_accept_prob: Any
     step_size: Any
     energy_error: Any  # MCLMC: the step's energy error / sqrt(dimension); NaN for NUTS and HMC
+    turning: Any  # NUTS: 1.0 if a U-turn ended the tree, 0.0 if not (the depth cap, or a divergence); NaN otherwise
+
+
+@contextlib.contextmanager
+def _recording_trees(record: list):
+    """While tracing NumPyro's NUTS transition, append each tree it builds (its ``TreeInfo``:
+    ``turning``, ``diverging``, ...) to ``record``. NumPyro's state keeps the tree's length but
+    not why it ended, and a tree of the largest depth has the same length whether the depth cap
+    or a U-turn at its last doubling ended it. ``numpyro.infer.hmc`` calls ``build_tree`` by
+    its module's name, so the name is wrapped for the trace and restored after it."""
+    import numpyro.infer.hmc as nhmc  # noqa: PLC0415
+
+    original = nhmc.build_tree
+
+    def build_tree(*args, **kwargs):
+        tree = original(*args, **kwargs)
+        record.append(tree)
+        return tree
+
+    nhmc.build_tree = build_tree
+    try:
+        yield
+    finally:
+        nhmc.build_tree = original
 
 
 def tree_depth(num_steps):
@@ -294,12 +319,17 @@ def numpyro_kernel(post: Posterior, latent: LatentLayout, kernel: str = "nuts", 
             dtype = jax.tree.leaves(state.z)[0].dtype
             jax.eval_shape(init_one, jax.ShapeDtypeStruct((size,), dtype),
                            jax.ShapeDtypeStruct(state.rng_key.shape, state.rng_key.dtype), data)
-        new = sample_kernel(state, model_args=(data,))
+        trees: list = []
+        with _recording_trees(trees):
+            new = sample_kernel(state, model_args=(data,))
         new = jax.lax.with_sharding_constraint(new, latent.shardings(new))
         depth = tree_depth(new.num_steps) if kernel == "nuts" else jnp.zeros((), jnp.int32)
+        dt = jnp.result_type(new.potential_energy)
+        if kernel == "nuts" and len(trees) != 1:
+            raise RuntimeError(f"NumPyro's NUTS built {len(trees)} trees in one transition's trace; fli expects 1")
+        turning = trees[0].turning.astype(dt) if kernel == "nuts" else jnp.full((), jnp.nan, dt)
         info = StepInfo(new.potential_energy, new.energy, new.diverging, new.num_steps, depth, new.accept_prob,
-                        new.mean_accept_prob, new.adapt_state.step_size,
-                        jnp.full((), jnp.nan, jnp.result_type(new.potential_energy)))
+                        new.mean_accept_prob, new.adapt_state.step_size, jnp.full((), jnp.nan, dt), turning)
         return new, info
 
     return Kernel(name=kernel, latent=latent, init=init, step=step, latents=latent.latents,

@@ -48,7 +48,8 @@ def healthy(n=1000, seed=0, warmup=10):
     stats = {"diverging": np.zeros(m, bool), "energy": 1000 + 20 * rng.standard_normal(m),
              "potential_energy": 1000 + 10 * rng.standard_normal(m), "tree_depth": depth, "n_steps": n_steps,
              "step_size": np.full(m, 0.1), "acceptance_rate": rng.uniform(0.6, 1.0, m),
-             "mean_accept_prob": rng.uniform(0.6, 1.0, m), "gradient_evals": 1 + np.cumsum(n_steps),
+             "mean_accept_prob": rng.uniform(0.6, 1.0, m), "turning": np.ones(m),  # every tree ended by a U-turn
+             "gradient_evals": 1 + np.cumsum(n_steps),
              "seconds": 0.01 * np.arange(1, m + 1)}
     spectra = {"k": 0.02 * np.arange(1, N_K + 1), "pk_white_noise": VCELL * (1 + 0.1 * rng.standard_normal((m, N_K))),
                "pk_linear": 100 + rng.random((m, N_K))}
@@ -145,7 +146,8 @@ def _low_bfmi(draws, stats, spectra):
 
 
 def _saturated(draws, stats, spectra):
-    stats["tree_depth"][10::3] = 6  # a third of the draws at max_tree_depth
+    stats["tree_depth"][10::3] = 6  # a third of the draws at max_tree_depth, ended there by the cap
+    stats["turning"][10::3] = 0.0
 
 
 @pytest.mark.parametrize("change, flagged", [
@@ -162,6 +164,44 @@ def test_each_defect_is_flagged(tmp_path, config, change, flagged):
     assert report["verdict"] == "fail" and report["exit_status"] == 4
     healthy_checks = {"divergences", "ebfmi", "tree_depth"} - flagged
     assert all(v[c] == "pass" for c in healthy_checks), v
+
+
+def test_trees_that_u_turned_at_the_last_doubling_are_not_the_cap(tmp_path, config):
+    """A third of chain 0's draws reach max_tree_depth, but a U-turn ended each (``turning``
+    1): the trajectories were long enough, the check passes and says how many there were. The
+    same draws with no record of why (a run made before ``turning``) count as the cap."""
+    def long_trees(draws, stats, spectra):
+        stats["tree_depth"][10::3] = 6
+
+    v, report, _, _ = verdicts(four(tmp_path / "uturn", config, long_trees))
+    assert v["tree_depth"] == "pass", v
+    chain0 = report["sampler"]["per_chain"][0]
+    assert chain0["tree_depth_saturation"] == 0.0 and abs(chain0["max_depth_uturn"] - 1 / 3) < 0.01
+    check = next(c for c in report["checks"] if c["check"] == "tree_depth")
+    assert "33.3%" in check["what"] or "33.4%" in check["what"], check
+
+    def unrecorded(draws, stats, spectra):
+        long_trees(draws, stats, spectra)
+        stats["turning"][:] = np.nan
+
+    v, report, _, _ = verdicts(four(tmp_path / "old", config, unrecorded))
+    assert v["tree_depth"] == "fail", v
+    assert abs(report["sampler"]["per_chain"][0]["max_depth_unrecorded"] - 1 / 3) < 0.01
+
+
+def test_a_statistic_that_older_chunks_lack_is_nan_there(tmp_path, config):
+    """A run extended across the version that added ``turning``: its first chunks have none.
+    read_chunks keeps every array aligned with the draws, NaN where the chunk had no record."""
+    from fli.infer.run_store import read_chunks
+
+    run = write_chain(tmp_path / "c0", config, healthy(n=490), chunk=250)
+    first = run / "chunks" / "chunk_00000" / "stats.npz"
+    with np.load(first) as f:
+        kept = {k: f[k] for k in f.files if k != "turning"}
+    np.savez(first, **kept)
+    st = read_chunks(run)["stats"]
+    assert st["turning"].shape == st["tree_depth"].shape == (500,)
+    assert np.isnan(st["turning"][:250]).all() and (st["turning"][250:] == 1).all()
 
 
 def test_a_too_short_chain_is_flagged(tmp_path, config):

@@ -180,6 +180,35 @@ def _sharded_chain(target, z0, keys, n_warm, n, depth=5):
     return jax.jit(lambda s: jax.lax.scan(body, s, None, length=n)[1])(state)
 
 
+@pytest.mark.parametrize("depth, eps, uturns", [(3, 0.1, (0.0, 0.0)), (5, 0.12, (0.3, 0.7)), (8, 0.1, (1.0, 1.0))])
+def test_nuts_records_whether_a_u_turn_or_the_depth_cap_ended_each_tree(depth, eps, uturns):
+    """The ``turning`` statistic, from NumPyro's own tree: on the Gaussian target (scales 0.5 to
+    1.5, so a trajectory turns after about pi / eps * scale steps) with a fixed step, 4 chains x
+    50 transitions. A tree shorter than ``2^depth - 1`` steps can only have been stopped by a
+    U-turn (no divergence here); at depth 3 every tree is cut by the cap, at depth 8 none is.
+    At depth 5 with step 0.12 every tree is full (31 steps), so its length cannot tell, and
+    about half of them turned at the last doubling (measured 0.49): the record tells them apart."""
+    from fli.infer.sampler import numpyro_kernel, sharded_latent
+    from fli.sharding import make_mesh
+
+    target = Gaussian(make_mesh((1, 1)))
+    kern = numpyro_kernel(target, sharded_latent(target), "nuts", num_warmup=0, max_tree_depth=depth, step_size=eps)
+    z0 = jax.random.normal(jax.random.PRNGKey(1), (4, target.layout.size))
+    keys = jax.vmap(lambda c: jax.random.fold_in(jax.random.PRNGKey(2), c))(jnp.arange(4))
+
+    def body(state, _):
+        state, info = jax.vmap(kern.step, in_axes=(0, None))(state, None)
+        return state, (info.num_steps, info.turning, info.diverging)
+
+    run = jax.jit(lambda s: jax.lax.scan(body, s, None, length=50)[1])
+    n, turning, div = map(np.asarray, run(kern.init(z0, keys, None)))
+    assert not div.any() and set(np.unique(turning)) <= {0.0, 1.0}
+    assert np.all(turning[n < 2 ** depth - 1] == 1.0)  # a tree stopped short turned
+    assert uturns[0] <= turning.mean() <= uturns[1], turning.mean()
+    if depth == 5:
+        assert np.all(n == 31)
+
+
 @pytest.mark.parametrize("kernel", ["nuts", "hmc", "mclmc", "adjusted_mclmc"])
 def test_a_fresh_state_is_placed_as_a_restored_one(kernel):
     """The chains' init places every leaf of its state exactly as ``kernel.template`` (what a
