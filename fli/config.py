@@ -300,6 +300,9 @@ class InferenceConfig:
     # MCLMC's trajectory length L at the warm-up's end: "variance" (sqrt of the summed variances) |
     # "autocorrelation" (then from the decorrelation of a few projections; fli/infer/mclmc.py)
     mclmc_length: str = "variance"
+    # MCLMC: the energy error's variance per dimension its warm-up tunes the step size to; its bias
+    # grows with it (docs/benchmarks.md measures it against adjusted MCLMC)
+    mclmc_energy_error: float = 5e-4
     num_warmup: int = 200  # warm-up transitions: step size and diagonal mass matrix adapted
     num_samples: int = 200  # draws after warm-up (may be raised to extend a run)
     max_tree_depth: int = 6  # NUTS
@@ -323,6 +326,8 @@ class InferenceConfig:
         _check(self.num_warmup >= 0, "inference.num_warmup", ">= 0", self.num_warmup)
         _check(self.kernel in KERNELS, "inference.kernel", "'nuts', 'hmc', 'mclmc' or 'adjusted_mclmc'", self.kernel)
         _check(self.integrator in INTEGRATORS, "inference.integrator", "'mclachlan' or 'leapfrog'", self.integrator)
+        _check(_finite(self.mclmc_energy_error) and 0 < self.mclmc_energy_error < 1, "inference.mclmc_energy_error",
+               "in (0, 1)", self.mclmc_energy_error)
         _check(self.mclmc_length in MCLMC_LENGTHS, "inference.mclmc_length", "'variance' or 'autocorrelation'",
                self.mclmc_length)
         _check(_finite(self.target_accept) and 0 < self.target_accept < 1, "inference.target_accept",

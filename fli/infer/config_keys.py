@@ -32,7 +32,8 @@ DIAGNOSE = ("diagnose", "runs", "sweep")
 # fli-nuts's keys, which fli-map ignores
 SAMPLER = tuple(f"inference.{k}" for k in ("kernel", "num_warmup", "num_samples", "max_tree_depth", "num_steps",
                                            "step_size", "target_accept", "chunk", "field_thin", "init_redraw",
-                                           "chains_per_run", "sampler", "integrator", "mclmc_length", "precondition",
+                                           "chains_per_run", "sampler", "integrator", "mclmc_length", "mclmc_energy_error",
+                                           "precondition",
                                            "precondition_rank", "precondition_points"))
 # a fli-nuts run resumed or extended: more draws, another start or another MAP config
 # (the observation is compared by its fingerprint, fli/manifest.py, not by the spelling of its path)

@@ -13,13 +13,14 @@ from fli.infer.sampler import LATENTS, Kernel, numpyro_kernel
 
 
 def make_kernel(post: Posterior, sampler: str = "sharded", kernel: str = "nuts", integrator: str = "mclachlan",
-                precondition: str = "none", mclmc_length: str = "variance", **kw) -> Kernel:
+                precondition: str = "none", mclmc_length: str = "variance", mclmc_energy_error: float = 5e-4,
+                **kw) -> Kernel:
     """The kernel ``kernel`` on the latent of ``inference.sampler`` (``sharded`` or
     ``numpyro``): NumPyro's NUTS or HMC (:func:`numpyro_kernel`, with ``kw``), or MCLMC,
     unadjusted (:func:`fli.infer.mclmc.mclmc_kernel`) or adjusted
     (:func:`fli.infer.adjusted_mclmc.adjusted_mclmc_kernel`), which read ``num_warmup``,
     ``step_size`` (and ``target_accept``, adjusted) of ``kw`` and their own ``integrator``
-    (and ``mclmc_length``, unadjusted).
+    (and ``mclmc_length`` and ``mclmc_energy_error``, unadjusted).
 
     ``precondition="lowrank"``: the kernel moves the preconditioned latent
     (:func:`fli.infer.precondition.lowrank_latent`, sampler ``sharded`` only) and reads
@@ -36,7 +37,7 @@ def make_kernel(post: Posterior, sampler: str = "sharded", kernel: str = "nuts",
     if kernel == "mclmc":
         return mclmc_kernel(post, latent, num_warmup=kw.get("num_warmup", 100),
                             step_size=kw.get("step_size", 0.1), integrator=integrator,
-                            tune_L=mclmc_length)
+                            tune_L=mclmc_length, energy_error=mclmc_energy_error)
     if kernel == "adjusted_mclmc":
         return adjusted_mclmc_kernel(post, latent, num_warmup=kw.get("num_warmup", 100),
                                      step_size=kw.get("step_size", 0.1), target_accept=kw.get("target_accept", 0.9),

@@ -21,9 +21,9 @@ inner products, each a local sum and one all-reduce of a scalar.
 
 Tuning, inside the state, during the warm-up (``i < num_warmup``):
 
-* the step size, so that the energy error's variance per dimension is :data:`TARGET`: for a
-  second-order splitting ``dE^2 / d`` grows as ``eps^6``, so each step's
-  ``xi = dE^2 / (d TARGET)`` estimates the constant ``xi / eps^6``, averaged with a weight
+* the step size, so that the energy error's variance per dimension is ``energy_error``
+  (:data:`TARGET` by default, ``inference.mclmc_energy_error``): for a second-order splitting
+  ``dE^2 / d`` grows as ``eps^6``, so each step's ``xi = dE^2 / (d energy_error)`` estimates the constant ``xi / eps^6``, averaged with a weight
   that discounts steps far from the target, and ``eps = average^(-1/6)``. The first half of
   the warm-up forgets old steps (decay :data:`DECAY`: the chain is still finding the typical
   set); the second half averages all its steps, so that the step size it ends with is not
@@ -69,7 +69,7 @@ INTEGRATORS = {
 TARGET = 5e-4  # energy-error variance per dimension the warm-up tunes the step size to
 DECAY = 0.95  # the first half of the warm-up's step-size average forgets a step over ~20 steps
 SHRINK = 0.8  # step-size factor after a divergence during the warm-up
-DIVERGED = 1e4  # xi = dE^2 / (d TARGET) beyond this (|dE| 100x the target's sd) is a divergence
+DIVERGED = 1e4  # xi = dE^2 / (d energy_error) beyond this (|dE| 100x the target's sd) is a divergence
 MIN_STEP = 1e-5  # the step size is kept above it (eps^6 stays a normal float32)
 WINDOW = 0.1  # the warm-up's last tenth sets L from the autocorrelation (tune_L="autocorrelation")
 MIN_WINDOW = 20  # shorter windows keep the variance's L: too few steps for an autocorrelation time
@@ -184,16 +184,18 @@ def autocorrelation_window(num_warmup: int, tune_L: str) -> int:
 
 
 def mclmc_kernel(post, latent: LatentLayout, num_warmup: int = 100, step_size: float = 0.1,
-                 integrator: str = "mclachlan", tune_L: str = "variance") -> Kernel:
+                 integrator: str = "mclachlan", tune_L: str = "variance", energy_error: float = TARGET) -> Kernel:
     """Unadjusted MCLMC on ``latent`` (the sharded flat latent), tuned during ``num_warmup``
     transitions from the first step size ``step_size``. One transition is one integrator step
     (1 gradient for the leapfrog, 2 for McLachlan's) and a partial refresh. ``tune_L``: how the
-    warm-up ends by setting ``L`` (the module's docstring)."""
+    warm-up ends by setting ``L`` (the module's docstring). ``energy_error``: the energy error's
+    variance per dimension the step size is tuned to (``inference.mclmc_energy_error``; the
+    kernel's bias grows with it)."""
     if latent.pytree:
         raise ValueError("inference.kernel=mclmc runs on the flat latent: set inference.sampler=sharded")
     if integrator not in INTEGRATORS:
         raise ValueError(f"inference.integrator must be one of {tuple(INTEGRATORS)}, got {integrator!r}")
-    num_warmup, d = int(num_warmup), int(latent.dim)
+    num_warmup, d, target = int(num_warmup), int(latent.dim), float(energy_error)
     n_grads = len(INTEGRATORS[integrator][1])
     half = num_warmup // 2
     window = autocorrelation_window(num_warmup, tune_L)
@@ -220,7 +222,7 @@ def mclmc_kernel(post, latent: LatentLayout, num_warmup: int = 100, step_size: f
         eps = state.step_size
         z, u, U, g, dE = integrate(value_and_grad(data), state.z, state.u, state.potential, state.grad, eps, d,
                                    integrator)
-        xi = dE * dE / (d * TARGET)
+        xi = dE * dE / (d * target)
         bad = ~(jnp.isfinite(dE) & jnp.isfinite(U) & (xi < DIVERGED))
         keep = lambda new, old: jnp.where(bad, old, new)
         z, u, U, g = keep(z, state.z), keep(u, state.u), keep(U, state.potential), keep(g, state.grad)

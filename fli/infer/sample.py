@@ -65,7 +65,8 @@ def kernel_of(cfg: Config, post: Posterior) -> Kernel:
     i = cfg.inference
     return make_kernel(post, i.sampler, kernel=i.kernel, num_warmup=i.num_warmup, target_accept=i.target_accept,
                        max_tree_depth=i.max_tree_depth, num_steps=i.num_steps, step_size=i.step_size,
-                       integrator=i.integrator, mclmc_length=i.mclmc_length, precondition=i.precondition)
+                       integrator=i.integrator, mclmc_length=i.mclmc_length, precondition=i.precondition,
+                       mclmc_energy_error=i.mclmc_energy_error)
 
 
 def _state(kstate, acc: Accum) -> dict:
