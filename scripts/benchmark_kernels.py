@@ -42,7 +42,7 @@ def _runs(out: Path, name: str, chains: int) -> list[Path]:
 
 
 def sample(out: Path, settings: dict[str, list[str]], chains: int, mock: str, common: list[str], jobs: int,
-           cores: int) -> None:
+           cores: int, first_core: int = 0) -> None:
     """Run (or resume) every chain of every setting, ``jobs`` processes at a time."""
     todo = [(name, c, run) for name in settings for c, run in enumerate(_runs(out, name, chains))]
     running: list[tuple[subprocess.Popen, str, Path]] = []
@@ -52,7 +52,7 @@ def sample(out: Path, settings: dict[str, list[str]], chains: int, mock: str, co
             name, c, run = todo.pop(0)
             run.parent.mkdir(parents=True, exist_ok=True)
             env = dict(os.environ, XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
-            cmd = ["nice", "-n", "19", "taskset", "-c", str(slot % cores), sys.executable, "-m", "fli.cli.sample",
+            cmd = ["nice", "-n", "19", "taskset", "-c", str(first_core + slot % cores), sys.executable, "-m", "fli.cli.sample",
                    *common, *settings[name], f"mock={mock}", f"seed={c}", f"run_dir={run}"]
             slot += 1
             log = open(run.parent / f"chain_{c}.log", "a")  # noqa: SIM115 (closed with the process)
@@ -127,6 +127,7 @@ def main(argv=None) -> None:
     ap.add_argument("--chains", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=4, help="processes at a time (default 4: two per core)")
     ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument("--first-core", type=int, default=0, help="pin to cores first-core .. first-core + cores - 1")
     ap.add_argument("--overrides", nargs="*", default=[], help="config overrides of every setting")
     ap.add_argument("--setting", action="append", required=True, metavar="NAME=OVERRIDES",
                     help="a named setting: NAME=space-separated overrides (repeatable)")
@@ -140,7 +141,7 @@ def main(argv=None) -> None:
             ap.error(f"--setting {s!r}: give NAME=OVERRIDES")
         settings[name] = shlex.split(over)
     if not a.report_only:
-        sample(a.out, settings, a.chains, a.mock, a.overrides, a.jobs, a.cores)
+        sample(a.out, settings, a.chains, a.mock, a.overrides, a.jobs, a.cores, a.first_core)
     rows = [row(name, diagnose(a.out, name, a.chains), a.out, a.chains) for name in settings]
     print(table(rows))
     if a.json:

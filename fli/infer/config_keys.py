@@ -55,6 +55,10 @@ CHAINS_MAY_DIFFER = ("seed", *PLACEMENT, "init", "inference.num_samples", "infer
 MODEL_PARTS = ("simulation", "lensing", "survey", "prior")
 MODEL_NEUTRAL = ("simulation.adjoint",)  # how gradients are taken does not change the posterior
 
+# keys added after runs were made, each with the value that does what runs did before it: a
+# saved config without the key resumes under a config that holds that value (added keys count
+# as differences otherwise)
+ADDED = {"inference.mclmc_energy_error": 5e-4}
 ABSENT = "<absent>"
 _ABSENT = object()
 
@@ -68,10 +72,14 @@ def differences(a: dict, b: dict, ignore: Sequence[str] = (), only: Sequence[str
                 ) -> list[tuple[str, Any, Any]]:
     """``[(dotted key, value in a, value in b)]`` where two resolved configs differ, in
     ``a``'s order then keys new in ``b``; a key missing on one side has the value
-    :data:`ABSENT`. Keys under ``ignore`` are skipped; with ``only``, only keys under it count."""
+    :data:`ABSENT`. Keys under ``ignore`` are skipped; with ``only``, only keys under it count.
+    A key of :data:`ADDED` missing on one side and at its old behaviour's value on the other is
+    no difference."""
     out = []
     for key, x, y in _walk(jsonable(a), jsonable(b), ""):
         if any(under(key, p) for p in ignore) or (only is not None and not any(under(key, p) for p in only)):
+            continue
+        if key in ADDED and ((x is _ABSENT and _same(ADDED[key], y)) or (y is _ABSENT and _same(ADDED[key], x))):
             continue
         out.append((key, ABSENT if x is _ABSENT else x, ABSENT if y is _ABSENT else y))
     return out

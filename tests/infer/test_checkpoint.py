@@ -507,3 +507,21 @@ def test_a_checksum_is_the_same_sharded_replicated_and_on_the_host(dtype):
     sharded = jax.device_put(a, field_sharding(mesh))
     assert len(set(checksums([sharded, jax.device_put(a, replicated(mesh)), a]))) == 1
     assert checksums([a])[0] != checksums([a[::-1]])[0]  # the order of the values counts
+
+
+def test_a_key_added_since_a_run_resumes_only_at_the_value_that_does_what_the_run_did():
+    """``inference.mclmc_energy_error`` came after runs were made: a run saved without it
+    resumes under its default (5e-4, what MCLMC did before the key), not under another value,
+    and a run saved with it is compared as any key."""
+    from fli.infer.config_keys import ADDED
+
+    saved = json.loads(json.dumps(SAVED))
+    now = json.loads(json.dumps(SAVED))
+    now["inference"]["mclmc_energy_error"] = ADDED["inference.mclmc_energy_error"]
+    check_resumable(saved, now, ALLOWED)
+    now["inference"]["mclmc_energy_error"] = 1e-4
+    with pytest.raises(ConfigError, match="was made without inference.mclmc_energy_error; this run has"):
+        check_resumable(saved, now, ALLOWED)
+    saved["inference"]["mclmc_energy_error"] = 2e-4
+    with pytest.raises(ConfigError, match="inference.mclmc_energy_error = 0.0002; this run has 0.0001"):
+        check_resumable(saved, now, ALLOWED)
