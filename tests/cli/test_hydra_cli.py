@@ -19,9 +19,8 @@ import yaml
 
 import tests.helpers.hydra_probe as probe
 from fli.cli.common import main_wrapper
-from tests.helpers import xla
 from tests.helpers.posterior import SMALL
-from tests.helpers.processes import ROOT, free_port, launch
+from tests.helpers.processes import child_env, free_port, launch
 
 PROBE = [sys.executable, "-m", "tests.helpers.hydra_probe"]
 STAMP = r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}-\d{3}"  # outputs/<command>/<date>_<time>, milliseconds
@@ -34,7 +33,7 @@ def fli_mock() -> list[str]:
 
 
 def run(argv, cwd, timeout=300):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=xla.FLAGS)
+    env = child_env()
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -29,6 +29,13 @@ def forward_density(pdims):
     return f(planck18(), s)
 
 
+def child_env(**extra) -> dict:
+    """The environment of a child process of the tests: this one's, with the repository on
+    PYTHONPATH and the tests' XLA flags (one CPU device unless the child asks for more), plus
+    ``extra``."""
+    return dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=xla.FLAGS, **extra)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -37,7 +44,7 @@ def free_port() -> int:
 
 def launch(argv_for, n=2, timeout=600, cwd=ROOT):
     """Start n processes with argv_for(pid) in cwd; return their (rc, output)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=xla.FLAGS)
+    env = child_env()
     procs = [subprocess.Popen(argv_for(i), cwd=cwd, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i in range(n)]
     outs = []

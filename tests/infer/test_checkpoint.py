@@ -6,7 +6,6 @@ Every comparison is bitwise (the bytes of each leaf), since resuming must contin
 import functools
 import json
 import logging
-import os
 import shutil
 import signal
 import subprocess
@@ -34,8 +33,7 @@ from fli.infer.checkpoint import (
 )
 from fli.infer.config_keys import check_resumable
 from fli.sharding import field_sharding, make_mesh, replicated, white_noise
-from tests.helpers import xla
-from tests.helpers.processes import ROOT, free_port, launch
+from tests.helpers.processes import ROOT, child_env, free_port, launch
 
 SHAPE = (16, 8, 6)
 WORKER = str(ROOT / "tests" / "helpers" / "ckpt_worker.py")
@@ -210,7 +208,7 @@ def test_latest_step_ignores_partial_checkpoints_and_save_cleans_them(tmp_path, 
 
 def test_save_killed_before_commit_is_never_latest(tmp_path):
     """SIGKILL a process that has written all of step 2 but not committed it."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=xla.FLAGS)
+    env = child_env()
     proc = subprocess.Popen([sys.executable, WORKER, "hang", str(tmp_path)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     watchdog = threading.Timer(120, proc.kill)  # a worker stuck elsewhere ends the wait below

@@ -236,7 +236,6 @@ def test_two_processes_reproduce_the_one_process_mclmc_and_adjusted_mclmc_chains
     per operation): 1e-8 leaves room for 8 transitions of amplification and still catches any
     acceptance decided differently, or a tuned step size or L that differs (those move positions
     by O(0.1)); acceptance decisions and step counts must be equal."""
-    import os
     import subprocess
     import sys
 
@@ -244,11 +243,10 @@ def test_two_processes_reproduce_the_one_process_mclmc_and_adjusted_mclmc_chains
 
     from fli.cli.mock import main as mock_main
     from fli.infer.run_store import complete_chunks, read_chunks
-    from tests.helpers import xla
     from tests.helpers.posterior import SMALL
-    from tests.helpers.processes import ROOT
+    from tests.helpers.processes import ROOT, child_env
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=xla.FLAGS, PYTHONUNBUFFERED="1")
+    env = child_env(PYTHONUNBUFFERED="1")
     mock = tmp_path / "mock"  # the linear forward's own mock (the PM mock drives sigma8 to its prior's edge)
     assert mock_main([*SMALL, "simulation.forward=linear", f"run_dir={mock}"]) == 0
     # the linear forward and a first step size of 1 (not 0.1, whose first trajectories run 256

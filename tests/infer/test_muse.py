@@ -13,7 +13,6 @@ SMALL posterior (8x8x32 cells, 2 bins of 8x8 pixels) with sigma_e = 0.05: the da
 sigma8's prior width (measured, exact grid: z-space posterior sds 0.71 and 0.51).
 """
 
-import os
 from types import SimpleNamespace
 
 import jax
@@ -250,14 +249,13 @@ def test_muse_spread_over_two_processes_gives_the_one_process_estimate(tmp_path)
     import sys
 
     from fli.cli.mock import main as mock_main
-    from tests.helpers import xla
-    from tests.helpers.processes import ROOT
+    from tests.helpers.processes import ROOT, child_env
 
     mock = tmp_path / "mock"
     assert mock_main([*LINEAR, f"run_dir={mock}"]) == 0
     common = [*LINEAR, f"mock={mock}", "inference.map.steps=30", "inference.map.estimator=muse",
               "inference.map.muse.n_sims=5", "inference.map.laplace=false", "progress=false"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=xla.FLAGS, PYTHONUNBUFFERED="1")
+    env = child_env(PYTHONUNBUFFERED="1")
     one = subprocess.run([sys.executable, "-m", "fli.cli.map", *common, f"run_dir={tmp_path / 'one'}",
                           "distributed.local_device_count=1"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=900)

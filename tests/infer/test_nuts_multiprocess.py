@@ -27,9 +27,8 @@ import numpy as np
 import pytest
 
 from fli.infer.run_store import complete_chunks, read_chunks
-from tests.helpers import xla
 from tests.helpers.posterior import SMALL
-from tests.helpers.processes import ROOT, free_port
+from tests.helpers.processes import ROOT, child_env, free_port
 
 LAUNCH = [sys.executable, str(ROOT / "scripts" / "launch_local.py")]
 NUTS = [sys.executable, "-m", "fli.cli.nuts"]
@@ -43,7 +42,7 @@ TOL = 1e-8
 
 
 def _env(**extra) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=xla.FLAGS, PYTHONUNBUFFERED="1")
+    env = child_env(PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
 
