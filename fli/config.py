@@ -319,6 +319,9 @@ class InferenceConfig:
     precondition: str = "none"
     precondition_rank: int = 128
     precondition_points: int = 0  # lowrank: 0 = curvature at the MAP; K = averaged over K linearised draws
+    # K data-constrained field directions whose projections every draw records for fli-diagnose
+    # (the preconditioner's top K, else a Lanczos pass at init=<fli-map run>); 0: none
+    projections: int = 0
 
     def __post_init__(self) -> None:
         for k in ("num_samples", "max_tree_depth", "num_steps", "chunk", "field_thin"):
@@ -341,6 +344,7 @@ class InferenceConfig:
         _check(self.precondition in PRECONDITIONERS, "inference.precondition", "'none' or 'lowrank'",
                self.precondition)
         _check(self.precondition_rank >= 1, "inference.precondition_rank", ">= 1", self.precondition_rank)
+        _check(self.projections >= 0, "inference.projections", ">= 0 (0: none)", self.projections)
         _check(self.precondition_points >= 0, "inference.precondition_points", ">= 0 (0: at the MAP alone)",
                self.precondition_points)
         _check(self.precondition == "none" or self.sampler == "sharded", "inference.sampler",

@@ -52,7 +52,8 @@ def sample(out: Path, settings: dict[str, list[str]], chains: int, mock: str, co
             name, c, run = todo.pop(0)
             run.parent.mkdir(parents=True, exist_ok=True)
             env = dict(os.environ, XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
-            cmd = ["nice", "-n", "19", "taskset", "-c", str(first_core + slot % cores), sys.executable, "-m", "fli.cli.sample",
+            core = str(first_core + slot % cores)
+            cmd = ["nice", "-n", "19", "taskset", "-c", core, sys.executable, "-m", "fli.cli.sample",
                    *common, *settings[name], f"mock={mock}", f"seed={c}", f"run_dir={run}"]
             slot += 1
             log = open(run.parent / f"chain_{c}.log", "a")  # noqa: SIM115 (closed with the process)
@@ -99,6 +100,11 @@ def row(name: str, report: dict, out: Path, chains: int) -> dict:
         r["params"][k] = {"mean": c["mean"], "sd": c["sd"], "rhat": c["rhat"], "ess_bulk": c["ess_bulk"],
                           "ess_tail": c["ess_tail"], "bulk_per_1000": e["ess_bulk_per_1000_grads"],
                           "tail_per_1000": e["ess_tail_per_1000_grads"]}
+    proj = report.get("projections")  # the runs recorded the field's data-constrained projections
+    if proj and proj.get("ess_bulk_min") is not None and eff["gradient_evals"] > 0:
+        r["projections"] = {"count": proj["count"], "rhat_max": proj["rhat_max"], "ess_bulk_min": proj["ess_bulk_min"],
+                            "ess_tail_min": proj["ess_tail_min"],
+                            "bulk_min_per_1000": 1000.0 * proj["ess_bulk_min"] / eff["gradient_evals"]}
     return r
 
 
@@ -111,6 +117,10 @@ def table(rows: list[dict]) -> str:
             lines.append(f"| {r['setting']} | {k} | {p['mean']:.3f} +- {p['sd']:.3f} | {p['rhat']:.3f} | "
                          f"{p['ess_bulk']:.0f} / {p['ess_tail']:.0f} | {p['bulk_per_1000']:.2f} / "
                          f"{p['tail_per_1000']:.2f} |")
+        if "projections" in r:
+            p = r["projections"]
+            lines.append(f"| {r['setting']} | field, {p['count']} data projections (worst) | | {p['rhat_max']:.3f} | "
+                         f"{p['ess_bulk_min']:.0f} / {p['ess_tail_min']:.0f} | {p['bulk_min_per_1000']:.2f} / |")
     lines.append("")
     for r in rows:
         lines.append(f"- {r['setting']}: fli-diagnose's verdict {r['verdict']}; {r['chains']} chains x "

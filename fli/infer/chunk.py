@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fli.infer.model import Latents, Posterior
+from fli.infer.projections import project
 from fli.infer.sampler import Kernel, StepInfo
 from fli.infer.summaries import draw_spectra
 from fli.lensing import KAPPA_SPEC
@@ -45,6 +46,7 @@ class Draws(NamedTuple):
     grads: jax.Array
     pk_s: jax.Array
     pk_lin: jax.Array
+    proj: jax.Array  # the field's data-constrained projections [K] (fli.infer.projections); [0] without
 
 
 def _welford(acc: Accum, s, kappa, w) -> Accum:
@@ -60,13 +62,14 @@ def _welford(acc: Accum, s, kappa, w) -> Accum:
 
 
 def make_chunk(kernel: Kernel, post: Posterior, n: int, thin: int, num_warmup: int, kedges):
-    """Jitted ``(state, acc, data) -> (state, acc, Draws, fields)`` for ``n`` draws of every
-    chain (the state and ``acc`` have the chain axis first; each draw is ``jax.vmap`` ped over
+    """Jitted ``(state, acc, data, proj) -> (state, acc, Draws, fields)`` for ``n`` draws of every
+    chain (``proj``: the projection vectors of :mod:`fli.infer.projections`, or None; the state
+    and ``acc`` have the chain axis first; each draw is ``jax.vmap`` ped over
     it); ``fields`` holds the white noise and kappa of every ``thin``-th draw
     (``[n // thin, n_chains, ...]``), or None when ``n < thin``."""
     grid = post.fwd.grid
 
-    def one_chain(state, acc, data):
+    def one_chain(state, acc, data, proj):
         state, info = kernel.step(state, data)
         theta, s = kernel.latents(state, data)
         kappa, _ = post.predict(Latents(theta, s))
@@ -74,32 +77,33 @@ def make_chunk(kernel: Kernel, post: Posterior, n: int, thin: int, num_warmup: i
         acc = _welford(acc, s, kappa, w)
         acc = acc._replace(grads=acc.grads + info.num_steps.astype(jnp.int32))
         pk_s, pk_lin = draw_spectra(post, theta, s, kedges)
-        out = Draws(post.params(theta), info, acc.grads, pk_s, pk_lin)
+        p = project(proj, post.layout.pack(theta, s)) if proj is not None else jnp.zeros((0,), s.dtype)
+        out = Draws(post.params(theta), info, acc.grads, pk_s, pk_lin, p)
         return state, acc, out, s, kappa
 
     s_sh = NamedSharding(grid.mesh, P(None, *grid.sharding.spec))
     k_sh = NamedSharding(grid.mesh, P(None, *KAPPA_SPEC))
 
-    def one(carry, data):
-        state, acc, out, s, kappa = jax.vmap(one_chain, in_axes=(0, 0, None))(*carry, data)
+    def one(carry, data, proj):
+        state, acc, out, s, kappa = jax.vmap(one_chain, in_axes=(0, 0, None, None))(*carry, data, proj)
         return ((state, acc), out, jax.lax.with_sharding_constraint(s, s_sh),
                 jax.lax.with_sharding_constraint(kappa, k_sh))
 
-    def group(carry, data, length):
+    def group(carry, data, proj, length):
         def body(c, _):
-            c, out, s, kappa = one(c, data)
+            c, out, s, kappa = one(c, data, proj)
             return c, (out, s, kappa)
 
         carry, (outs, ss, ks) = jax.lax.scan(body, carry, None, length=length)
         return carry, outs, ss[-1], ks[-1]
 
-    def chunk(state, acc, data):
+    def chunk(state, acc, data, proj=None):
         carry = (state, acc)
         outs, fields = [], None
         n_groups, tail = divmod(n, thin)
         if n_groups:
             def g(c, _):
-                c, o, s, k = group(c, data, thin)
+                c, o, s, k = group(c, data, proj, thin)
                 return c, (o, s, k)
 
             carry, (o, ss, ks) = jax.lax.scan(g, carry, None, length=n_groups)
@@ -107,7 +111,7 @@ def make_chunk(kernel: Kernel, post: Posterior, n: int, thin: int, num_warmup: i
             fields = (ss, ks)
         if tail:
             def t(c, _):
-                c, o, _, _ = one(c, data)
+                c, o, _, _ = one(c, data, proj)
                 return c, o
 
             carry, o = jax.lax.scan(t, carry, None, length=tail)

@@ -32,9 +32,9 @@ DIAGNOSE = ("diagnose", "runs", "sweep")
 # fli-nuts's keys, which fli-map ignores
 SAMPLER = tuple(f"inference.{k}" for k in ("kernel", "num_warmup", "num_samples", "max_tree_depth", "num_steps",
                                            "step_size", "target_accept", "chunk", "field_thin", "init_redraw",
-                                           "chains_per_run", "sampler", "integrator", "mclmc_length", "mclmc_energy_error",
-                                           "precondition",
-                                           "precondition_rank", "precondition_points"))
+                                           "chains_per_run", "sampler", "integrator", "mclmc_length",
+                                           "mclmc_energy_error", "precondition", "precondition_rank",
+                                           "precondition_points", "projections"))
 # a fli-nuts run resumed or extended: more draws, another start or another MAP config
 # (the observation is compared by its fingerprint, fli/manifest.py, not by the spelling of its path)
 SAMPLING_MAY_CHANGE = ("inference.num_samples", "inference.map", *PLACEMENT, "init", "inference.init_redraw",
@@ -58,7 +58,7 @@ MODEL_NEUTRAL = ("simulation.adjoint",)  # how gradients are taken does not chan
 # keys added after runs were made, each with the value that does what runs did before it: a
 # saved config without the key resumes under a config that holds that value (added keys count
 # as differences otherwise)
-ADDED = {"inference.mclmc_energy_error": 5e-4}
+ADDED = {"inference.mclmc_energy_error": 5e-4, "inference.projections": 0}
 ABSENT = "<absent>"
 _ABSENT = object()
 

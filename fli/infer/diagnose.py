@@ -31,7 +31,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +39,8 @@ from fli.config import ConfigError, DiagnoseConfig
 from fli.files import write_json
 from fli.fingerprint import short
 from fli.infer.config_keys import CHAINS_MAY_DIFFER, differences, leaves
+from fli.infer.diagnose_convergence import convergence, field_convergence, projection_convergence
+from fli.infer.diagnose_convergence import finite as _f
 from fli.infer.inference_data import add_field_summaries, quiet_arviz
 from fli.infer.params import names_of_run
 from fli.infer.run_store import (
@@ -170,7 +171,8 @@ def read_chain(run: Path) -> Chain | str:
     seconds0 = float(st["seconds"][i0 - 1]) if i0 > 0 else 0.0
     return Chain(run=run, config=config, draws={k: np.asarray(v)[post] for k, v in c["draws"].items()},
                  stats={k: np.asarray(v)[post] for k, v in st.items()},
-                 pk={k: np.asarray(c["spectra"][k])[post] for k in ("pk_white_noise", "pk_linear")},
+                 pk={k: np.asarray(c["spectra"][k])[post] for k in ("pk_white_noise", "pk_linear", "projections")
+                     if k in c["spectra"]},
                  k=np.asarray(c["spectra"]["k"]), n_warmup=int(warm.sum()), num_warmup=num_warmup, chunks=used,
                  grads0=grads0, seconds0=seconds0, notes=notes,
                  observation=(read_manifest(run) or read_manifest(run.parent) or {}).get("observation"))
@@ -221,60 +223,13 @@ def combine(chains: list[Chain]):
                              sample_stats={k: stack(lambda c, k=k: c.stats[k]) for k in STAT_KEYS
                                            if all(k in c.stats for c in chains)},
                              attrs={"runs": json.dumps([str(c.run) for c in chains]), "draws_per_chain": n})
-        add_field_summaries(idata, {k: stack(lambda c, k=k: c.pk[k]) for k in ("pk_white_noise", "pk_linear")},
-                            chains[0].k)
+        add_field_summaries(idata, {k: stack(lambda c, k=k: c.pk[k]) for k in ("pk_white_noise", "pk_linear",
+                                                                              "projections")
+                                    if all(k in c.pk for c in chains)}, chains[0].k)
     return idata
 
 
 # ================================================================ numbers and verdicts
-
-
-def _f(x) -> float | None:
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
-def harmonic_mean(x) -> float | None:
-    x = np.asarray(x, float)
-    if x.size == 0 or not np.all(np.isfinite(x)) or np.any(x <= 0):
-        return None
-    return float(x.size / np.sum(1.0 / x))
-
-
-def convergence(idata, names: list[str]) -> dict:
-    """Per parameter: mean, sd, R-hat, bulk/tail ESS, MCSE of the mean and sd (ArviZ)."""
-    import arviz as az  # noqa: PLC0415
-
-    with quiet_arviz():
-        rhat = az.rhat(idata, var_names=names, method="rank")
-        bulk = az.ess(idata, var_names=names, method="bulk")
-        tail = az.ess(idata, var_names=names, method="tail")
-        mc_mean = az.mcse(idata, var_names=names, method="mean")
-        mc_sd = az.mcse(idata, var_names=names, method="sd")
-    post = idata.posterior
-    return {k: {"mean": _f(post[k].mean()), "sd": _f(post[k].std()), "rhat": _f(rhat[k]),
-                "ess_bulk": _f(bulk[k]), "ess_tail": _f(tail[k]), "mcse_mean": _f(mc_mean[k]),
-                "mcse_sd": _f(mc_sd[k])} for k in names}
-
-
-def field_convergence(idata) -> dict:
-    """ArviZ's R-hat and bulk/tail ESS of each P(k) bin of the white-noise draws, with their
-    minimum (maximum for R-hat) and harmonic mean over the bins."""
-    import arviz as az  # noqa: PLC0415
-
-    ds = idata.field_summaries[["pk_white_noise"]]
-    with quiet_arviz():
-        rhat = np.asarray(az.rhat(ds, method="rank")["pk_white_noise"], float)
-        bulk = np.asarray(az.ess(ds, method="bulk")["pk_white_noise"], float)
-        tail = np.asarray(az.ess(ds, method="tail")["pk_white_noise"], float)
-    nan = lambda a: [_f(v) for v in a]  # noqa: E731
-    return {"summary": "P(k) of the white noise of every draw, one bin per variable",
-            "k": json.loads(idata.field_summaries.attrs["k"]), "rhat": nan(rhat), "ess_bulk": nan(bulk),
-            "ess_tail": nan(tail),
-            "rhat_max": _f(np.max(rhat)) if np.all(np.isfinite(rhat)) else None,
-            "ess_bulk_min": _f(np.min(bulk)) if np.all(np.isfinite(bulk)) else None,
-            "ess_tail_min": _f(np.min(tail)) if np.all(np.isfinite(tail)) else None,
-            "ess_bulk_harmonic_mean": harmonic_mean(bulk), "ess_tail_harmonic_mean": harmonic_mean(tail)}
 
 
 def _max_depth_ends(depth, diverging, turning, maxd) -> dict:
@@ -358,7 +313,7 @@ def _band(value, good_pass, good_warn) -> str:
     return "pass" if good_pass(value) else "warn" if good_warn(value) else "fail"
 
 
-def checks(conv: dict, field: dict, health: dict, d: DiagnoseConfig) -> list[dict]:
+def checks(conv: dict, field: dict, health: dict, d: DiagnoseConfig, proj: dict | None = None) -> list[dict]:
     """Every check (R-hat, ESS, E-BFMI, divergences, tree depth), each with its number, bands and verdict."""
     out = []
 
@@ -391,6 +346,16 @@ def checks(conv: dict, field: dict, health: dict, d: DiagnoseConfig) -> list[dic
         add(f"field_{which}", f"smallest {which.split('_')[1]} ESS of the white noise's P(k) bins", v,
             _band(v, lambda x: x > d.ess_pass, lambda x: x > d.ess_warn),
             f"pass > {d.ess_pass:g}, warn > {d.ess_warn:g}")
+    if proj is not None:  # the directions the data constrain, which P(k) does not see
+        v = proj["rhat_max"]
+        add("projection_rhat", f"largest R-hat of the field's {proj['count']} data-constrained projections", v,
+            _band(v, lambda x: x < d.rhat_pass, lambda x: x < d.rhat_warn),
+            f"pass < {d.rhat_pass}, warn < {d.rhat_warn}", None if proj["rhat_argmax"] is None else f"projection {proj['rhat_argmax']}")
+        for which in ("ess_bulk", "ess_tail"):
+            v = proj[f"{which}_min"]
+            add(f"projection_{which}", f"smallest {which.split('_')[1]} ESS of the field's data-constrained "
+                f"projections", v, _band(v, lambda x: x > d.ess_pass, lambda x: x > d.ess_warn),
+                f"pass > {d.ess_pass:g}, warn > {d.ess_warn:g}")
     v = health["ebfmi_min"]
     worst_chain = None
     if v is not None:
@@ -437,10 +402,12 @@ def diagnose_chains(chains: list[Chain], dcfg: DiagnoseConfig) -> tuple[dict, ob
     names = names_of_run(chains[0].config)
     conv = convergence(idata, names)
     field = field_convergence(idata)
+    proj = projection_convergence(idata)
     health = sampler_health(idata, chains)
-    items = checks(conv, field, health, dcfg)
+    items = checks(conv, field, health, dcfg, proj)
     report = {"verdict": overall(items), "exit_status": EXIT_STATUS[overall(items)], "checks": items,
-              "chains": len(chains), "draws_per_chain": n, "params": conv, "field": field, "sampler": health,
+              "chains": len(chains), "draws_per_chain": n, "params": conv, "field": field, "projections": proj,
+              "sampler": health,
               "efficiency": efficiency(conv, chains, n), "thresholds": dataclasses.asdict(dcfg)}
     return report, idata
 

@@ -27,6 +27,7 @@ from fli.sharding import replicated_to_host
 STAT_KEYS = ("diverging", "energy", "potential_energy", "tree_depth", "n_steps", "step_size", "acceptance_rate",
              "energy_error", "turning", "gradient_evals", "lp")  # energy_error, turning: absent from older runs
 SPECTRA = ("pk_white_noise", "pk_linear")
+PROJECTIONS = "projections"  # spectra.npz's data-constrained projections of each draw [n, K], where recorded
 
 
 @contextlib.contextmanager
@@ -48,9 +49,16 @@ def quiet_arviz():
 
 def add_field_summaries(idata, spectra: dict, k) -> None:
     """Add the ``field_summaries`` group: ``pk_white_noise`` and ``pk_linear``, each
-    ``[chain, draw, k_bin]``, with the bins' centres ``k`` [h/Mpc] in its attrs."""
-    idata.add_groups({"field_summaries": {name: spectra[name] for name in SPECTRA}},
-                     coords={"k_bin": np.arange(len(k))}, dims={name: ["k_bin"] for name in SPECTRA})
+    ``[chain, draw, k_bin]``, with the bins' centres ``k`` [h/Mpc] in its attrs, and, where the
+    run recorded them, ``projections`` ``[chain, draw, projection]``: the field's data-constrained
+    projections (fli.infer.projections)."""
+    groups = {name: spectra[name] for name in SPECTRA}
+    coords, dims = {"k_bin": np.arange(len(k))}, {name: ["k_bin"] for name in SPECTRA}
+    if spectra.get(PROJECTIONS) is not None and np.shape(spectra[PROJECTIONS])[-1] > 0:
+        groups[PROJECTIONS] = spectra[PROJECTIONS]
+        coords["projection"] = np.arange(np.shape(spectra[PROJECTIONS])[-1])
+        dims[PROJECTIONS] = ["projection"]
+    idata.add_groups({"field_summaries": groups}, coords=coords, dims=dims)
     idata.field_summaries.attrs["k"] = json.dumps(np.asarray(k).tolist())
 
 
@@ -113,7 +121,8 @@ def write_inference_data(run_dir: Path, names, obs_summary: dict, attrs: dict) -
         )
         if post_w.any():
             spec = c["spectra"]
-            add_field_summaries(idata, {name: spec[name][post_w][None] for name in SPECTRA}, spec["k"])
+            add_field_summaries(idata, {name: spec[name][post_w][None] for name in (*SPECTRA, PROJECTIONS)
+                                        if name in spec}, spec["k"])
         return _write(idata, run_dir)
 
 

@@ -22,9 +22,10 @@ inner products, each a local sum and one all-reduce of a scalar.
 Tuning, inside the state, during the warm-up (``i < num_warmup``):
 
 * the step size, so that the energy error's variance per dimension is ``energy_error``
-  (:data:`TARGET` by default, ``inference.mclmc_energy_error``): for a second-order splitting
-  ``dE^2 / d`` grows as ``eps^6``, so each step's ``xi = dE^2 / (d energy_error)`` estimates the constant ``xi / eps^6``, averaged with a weight
-  that discounts steps far from the target, and ``eps = average^(-1/6)``. The first half of
+  (:data:`TARGET` by default, ``inference.mclmc_energy_error``): for a second-order
+  splitting ``dE^2 / d`` grows as ``eps^6``, so each step's ``xi = dE^2 / (d energy_error)``
+  estimates the constant ``xi / eps^6``, averaged with a weight that discounts steps far from
+  the target, and ``eps = average^(-1/6)``. The first half of
   the warm-up forgets old steps (decay :data:`DECAY`: the chain is still finding the typical
   set); the second half averages all its steps, so that the step size it ends with is not
   one noisy step's (with decay 0.95 throughout, the small mock's energy error after a

@@ -13,7 +13,9 @@ Run directory::
                                 U-turn ended the tree, 0 if the depth cap or a divergence did;
                                 NaN for the other kernels), gradient_evals (cumulative),
                                 seconds (cumulative)
-      spectra.npz               k, P(k) of the white noise and of the linear field per draw
+      spectra.npz               k, P(k) of the white noise and of the linear field per draw, and
+                                where recorded the field's data-constrained projections
+                                [draw, K] (fli/infer/projections.py)
       fields.zarr               every field_thin-th draw: white noise and noiseless kappa
     running.zarr                Welford mean and variance over all post-warm-up draws of the
                                 white noise and of the noiseless kappa (replaced atomically)
@@ -174,7 +176,9 @@ def write_chunk(run_dir: Path, i: int, first_draw: int, num_warmup: int, draws, 
              "energy_error": host(info.energy_error), "turning": host(info.turning),
              "gradient_evals": host(draws.grads), "seconds": seconds}
     savez(tmp / "stats.npz", draw=idx, **stats)
-    savez(tmp / "spectra.npz", draw=idx, k=np.asarray(k), pk_white_noise=host(draws.pk_s), pk_linear=host(draws.pk_lin))
+    proj = host(draws.proj)
+    savez(tmp / "spectra.npz", draw=idx, k=np.asarray(k), pk_white_noise=host(draws.pk_s), pk_linear=host(draws.pk_lin),
+          **({"projections": proj} if np.shape(proj)[-1] > 0 else {}))
     if fields is not None:
         kept = idx[thin - 1::thin][: fields[0].shape[0]]
         write_arrays(tmp / FIELDS, {"white_noise": fields[0], "kappa": fields[1]},
@@ -214,10 +218,11 @@ def read_chunks(run_dir: Path, which=None) -> dict:
                 continue
             pieces = [by_chunk.get(j) for j in range(len(lengths))]
             if any(p is None for p in pieces):
-                dtype = next(p for p in pieces if p is not None).dtype
-                if not np.issubdtype(dtype, np.floating):
+                like = next(p for p in pieces if p is not None)
+                if not np.issubdtype(like.dtype, np.floating):
                     raise ValueError(f"{run_dir}: {name!r} is missing from some chunks and is not a float statistic")
-                pieces = [np.full(n, np.nan, dtype) if p is None else p for p, n in zip(pieces, lengths, strict=True)]
+                pieces = [np.full((n, *like.shape[1:]), np.nan, like.dtype) if p is None else p
+                          for p, n in zip(pieces, lengths, strict=True)]
             d[name] = np.concatenate(pieces)
     return out
 

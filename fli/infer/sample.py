@@ -36,6 +36,7 @@ from fli.infer.layout import FLAT_SPEC
 from fli.infer.model import Posterior
 from fli.infer.params import reported_names
 from fli.infer.precondition import Preconditioned, linearised_start, preconditioner_of
+from fli.infer.projections import projector_of
 from fli.infer.run_store import (
     CHECKPOINTS,
     NUTS_JSON,
@@ -140,6 +141,8 @@ def run_chains(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger, 
     if icfg.precondition != "none":  # the kernels read the data with the preconditioner beside it
         pre, pre_info = preconditioner_of(cfg, post, obs, data, run_dir, last is None, log)
         data = Preconditioned(data, pre)
+    proj, proj_info = projector_of(cfg, post, obs, data.data if pre_info is not None else data, run_dir,
+                                   last is None, pre if pre_info is not None else None, log)
     if last is None:
         if pre_info is not None:
             starts = [linearised_start(post, pre, k) for k in k_inits]
@@ -195,11 +198,11 @@ def run_chains(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger, 
         if n not in programs:
             tc = time.perf_counter()
             prog = make_chunk(kernel, post, n, icfg.field_thin, icfg.num_warmup, kedges)
-            programs[n] = prog.lower(kstate, acc, data).compile()
+            programs[n] = prog.lower(kstate, acc, data, proj).compile()
             log.info("compiled the %d-draw chunk program in %.1f s", n, time.perf_counter() - tc)
         barrier("fli-nuts-chunk-start")  # enter the chunk's collectives together (gloo gives up after 30 s)
         tc = time.perf_counter()
-        kstate, acc, draws, fields = programs[n](kstate, acc, data)
+        kstate, acc, draws, fields = programs[n](kstate, acc, data, proj)
         jax.block_until_ready(kstate)
         dt = time.perf_counter() - tc
         seconds = seconds0 + dt * (np.arange(1, n + 1) / n)
@@ -237,6 +240,9 @@ def run_chains(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger, 
         summary["preconditioner"] = {**{k: pre_info.get(k) for k in ("kind", "rank", "points", "grad_evals", "seconds",
                                                                      "point")},
                                      "eigenvalue_largest": lam[0], "eigenvalue_smallest_kept": lam[-1]}
+    if proj_info is not None:  # its gradients, if it built its own, are counted apart from the chains'
+        summary["projections"] = {k: proj_info.get(k) for k in ("source", "count", "grad_evals", "seconds", "point",
+                                                              "eigenvalues")}
     write_json(run_dir / NUTS_JSON, summary)
     log.info("done: %d chain(s) of %d draws (%d after warm-up), %d divergences after warm-up, %d gradient "
              "evaluations, %.1f s sampling; %s", n_chains, summaries[0]["draws"], summaries[0]["draws_post_warmup"],

@@ -20,6 +20,7 @@ import yaml
 from fli.config import DiagnoseConfig
 from fli.infer import diagnose as dg
 from fli.infer import diagnose_figures as dg_figures
+from fli.infer.diagnose_convergence import harmonic_mean
 
 N_K = 6
 VCELL = 2.0  # (Mpc/h)^3, the prior expectation of the white noise's P(k)
@@ -187,6 +188,34 @@ def test_trees_that_u_turned_at_the_last_doubling_are_not_the_cap(tmp_path, conf
     v, report, _, _ = verdicts(four(tmp_path / "old", config, unrecorded))
     assert v["tree_depth"] == "fail", v
     assert abs(report["sampler"]["per_chain"][0]["max_depth_unrecorded"] - 1 / 3) < 0.01
+
+
+def test_a_data_constrained_projection_that_did_not_mix_fails_where_p_k_passes(tmp_path, config):
+    """Chains that record the field's data-constrained projections (spectra.npz's
+    ``projections``): independent unit normals in every chain pass; chain 0's projection 2 held
+    3 sds off the others' (a mode it never left, which the white noise's P(k) does not see)
+    fails projection_rhat, while the parameters and P(k) still pass."""
+    runs = []
+    for j in range(4):
+        a = _with_normal_projections(healthy(seed=j), 100 + j)
+        if j == 0:
+            a[2]["projections"][:, 2] += 3.0
+        runs.append(write_chain(tmp_path / f"c{j}", config, a, seed=j))
+    v, report, idata, _ = verdicts(runs)
+    assert report["projections"]["count"] == 5 and idata.field_summaries["projections"].shape == (4, 1000, 5)
+    assert v["projection_rhat"] == "fail" and report["projections"]["rhat_argmax"] == 2, report["projections"]
+    assert all(v[c] == "pass" for c in ("rhat", "field_rhat", "ess_bulk")), v
+    ok = [write_chain(tmp_path / f"ok{j}", config, _with_normal_projections(healthy(seed=j), 20 + j), seed=j)
+          for j in range(4)]
+    v, report, _, _ = verdicts(ok)
+    assert v["projection_rhat"] == v["projection_ess_bulk"] == v["projection_ess_tail"] == "pass", v
+
+
+def _with_normal_projections(arrays, seed):
+    """``arrays`` with 5 independent unit-normal projections per draw."""
+    draws, stats, spectra = arrays
+    spectra["projections"] = np.random.default_rng(seed).standard_normal((draws["draw"].size, 5))
+    return arrays
 
 
 def test_a_statistic_that_older_chunks_lack_is_nan_there(tmp_path, config):
@@ -397,8 +426,8 @@ def test_bad_input_is_one_line_status_2_and_no_report(tmp_path, capsys, args, ma
 
 
 def test_harmonic_mean():
-    assert dg.harmonic_mean([1.0, 4.0, 4.0]) == pytest.approx(2.0)
-    assert dg.harmonic_mean([1.0, math.nan]) is None
+    assert harmonic_mean([1.0, 4.0, 4.0]) == pytest.approx(2.0)
+    assert harmonic_mean([1.0, math.nan]) is None
 
 
 # ---------------------------------------------------------------- a real chain
