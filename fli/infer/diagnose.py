@@ -273,7 +273,7 @@ def sampler_health(idata, chains: list[Chain]) -> dict:
                     "kernel": kernel, "mean_tree_depth": _f(depth[j].mean()),
                     "step_size": _f(np.mean(st["step_size"][j])),
                     "acceptance": _f(np.mean(st["acceptance_rate"][j])),
-                    # MCLMC: the energy error's variance per dimension, which its warm-up tunes to 5e-4
+                    # MCLMC: the energy error's variance per dimension, which its warm-up tunes to inference.mclmc_energy_error
                     "energy_error_var_per_dim": _f(np.nanmean(np.asarray(st["energy_error"][j]) ** 2))
                     if kernel == "mclmc" and "energy_error" in st else None})
     sats = [p["tree_depth_saturation"] for p in per if p["tree_depth_saturation"] is not None]

@@ -275,7 +275,8 @@ def _progress(log, icfg, done, total, draws: Draws, acc: Accum, per_draw, n_div,
     steps = np.atleast_1d(np.asarray(info.step_size)[-1])
     if icfg.kernel == "mclmc":  # no tree, no acceptance: the energy error is what its step size is tuned by
         err = np.asarray(info.energy_error, float)
-        what = (f"energy error variance per dimension {np.nanmean(err ** 2):.2g} (tuned to 5e-4 in the warm-up)"
+        what = (f"energy error variance per dimension {np.nanmean(err ** 2):.2g} (tuned to "
+                f"{icfg.mclmc_energy_error:g} in the warm-up)"
                 if np.isfinite(err).any() else "energy error n/a")
     elif icfg.kernel == "adjusted_mclmc":
         what = (f"accept {float(np.mean(info.accept_prob)):.2f}, "
