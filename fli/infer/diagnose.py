@@ -273,7 +273,8 @@ def sampler_health(idata, chains: list[Chain]) -> dict:
                     "kernel": kernel, "mean_tree_depth": _f(depth[j].mean()),
                     "step_size": _f(np.mean(st["step_size"][j])),
                     "acceptance": _f(np.mean(st["acceptance_rate"][j])),
-                    # MCLMC: the energy error's variance per dimension, which its warm-up tunes to inference.mclmc_energy_error
+                    # MCLMC: the energy error's variance per dimension (its warm-up's aim:
+                    # inference.mclmc_energy_error)
                     "energy_error_var_per_dim": _f(np.nanmean(np.asarray(st["energy_error"][j]) ** 2))
                     if kernel == "mclmc" and "energy_error" in st else None})
     sats = [p["tree_depth_saturation"] for p in per if p["tree_depth_saturation"] is not None]
@@ -350,7 +351,8 @@ def checks(conv: dict, field: dict, health: dict, d: DiagnoseConfig, proj: dict 
         v = proj["rhat_max"]
         add("projection_rhat", f"largest R-hat of the field's {proj['count']} data-constrained projections", v,
             _band(v, lambda x: x < d.rhat_pass, lambda x: x < d.rhat_warn),
-            f"pass < {d.rhat_pass}, warn < {d.rhat_warn}", None if proj["rhat_argmax"] is None else f"projection {proj['rhat_argmax']}")
+            f"pass < {d.rhat_pass}, warn < {d.rhat_warn}",
+            None if proj["rhat_argmax"] is None else f"projection {proj['rhat_argmax']}")
         for which in ("ess_bulk", "ess_tail"):
             v = proj[f"{which}_min"]
             add(f"projection_{which}", f"smallest {which.split('_')[1]} ESS of the field's data-constrained "
