@@ -322,13 +322,26 @@ def load_lowrank(path: Path, post: Posterior) -> tuple[LowRank, dict]:
     return LowRank(ref, vecs, lam), dict(root.attrs)
 
 
+def init_map_point(cfg: Config, post: Posterior, obs, what: str, otherwise: str = "") -> tuple[jax.Array, str]:
+    """The flat latent of the MAP of ``init=<fli-map run>`` (checked to be of this observation)
+    and that directory; ConfigError, starting with ``what``, where init is no such run."""
+    from fli.infer.map import load_map_field  # noqa: PLC0415
+    from fli.infer.start import check_init_map  # noqa: PLC0415
+
+    how = (cfg.init or "prior").strip()
+    if how in ("prior", "truth") or not Path(how).is_dir():
+        raise ConfigError(f"{what}: set init=<a fli-map run directory of this mock> (init={how} is not one){otherwise}")
+    mj = check_init_map(cfg, Path(how), obs)
+    grid = post.fwd.grid
+    ref = jax.jit(post.layout.pack)(jnp.asarray(post.theta_of(mj["params"]), grid.jdtype),
+                                    load_map_field(how, grid.mesh).astype(grid.jdtype))
+    return ref, how
+
+
 def preconditioner_of(cfg: Config, post: Posterior, obs, data: Data, run_dir: Path, fresh: bool,
                       log: logging.Logger) -> tuple[LowRank, dict]:
     """The run's preconditioner: read from ``run_dir`` where it was stored, else (a new run)
     built at the MAP of ``init=<fli-map run>`` and stored before the first draw."""
-    from fli.infer.map import load_map_field  # noqa: PLC0415
-    from fli.infer.start import check_init_map  # noqa: PLC0415
-
     path = Path(run_dir) / STORE
     icfg = cfg.inference
     if path.exists():
@@ -338,14 +351,8 @@ def preconditioner_of(cfg: Config, post: Posterior, obs, data: Data, run_dir: Pa
     if not fresh:
         raise ConfigError(f"run_dir {run_dir} has checkpoints but no {STORE}: it was sampled without "
                           f"inference.precondition={icfg.precondition}; resume it as it was started")
-    how = (cfg.init or "prior").strip()
-    if how in ("prior", "truth") or not Path(how).is_dir():
-        raise ConfigError(f"inference.precondition={icfg.precondition} is built at a MAP: set init=<a fli-map run "
-                          f"directory of this mock> (init={how} is not one)")
-    mj = check_init_map(cfg, Path(how), obs)
+    ref, how = init_map_point(cfg, post, obs, f"inference.precondition={icfg.precondition} is built at a MAP")
     grid = post.fwd.grid
-    ref = jax.jit(post.layout.pack)(jnp.asarray(post.theta_of(mj["params"]), grid.jdtype),
-                                    load_map_field(how, grid.mesh).astype(grid.jdtype))
     # a fixed start: the preconditioner is a function of the MAP alone, so runs of other seeds
     # from one MAP share it (and their draws' projections onto it compare)
     pre, info = build_lowrank(post, data, ref, icfg.precondition_rank, jax.random.PRNGKey(0), log)

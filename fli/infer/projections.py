@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from fli.config import Config, ConfigError
 from fli.infer.model import Data, Posterior
-from fli.infer.precondition import VECS_SPEC, LowRank, build_lowrank, load_lowrank, save_lowrank
+from fli.infer.precondition import VECS_SPEC, LowRank, build_lowrank, init_map_point, load_lowrank, save_lowrank
 
 STORE = "projections.zarr"  # in the run directory, where the run built its own vectors
 LANCZOS_FACTOR = 3  # Lanczos steps per vector kept: the top Ritz vectors converge first, not at once
@@ -57,9 +57,6 @@ def project(proj: LowRank | None, z):
 def projector_of(cfg: Config, post: Posterior, obs, data: Data, run_dir: Path, fresh: bool,
                  pre: LowRank | None, log: logging.Logger) -> tuple[LowRank | None, dict | None]:
     """The run's projection vectors and how they were made (None, None: none asked for)."""
-    from fli.infer.map import load_map_field  # noqa: PLC0415
-    from fli.infer.start import check_init_map  # noqa: PLC0415
-
     k = int(cfg.inference.projections)
     if k == 0:
         return None, None
@@ -75,14 +72,8 @@ def projector_of(cfg: Config, post: Posterior, obs, data: Data, run_dir: Path, f
     if not fresh:
         raise ConfigError(f"run_dir {run_dir} has checkpoints but no {STORE}: it was sampled without "
                           f"inference.projections; resume it with inference.projections=0")
-    how = (cfg.init or "prior").strip()
-    if how in ("prior", "truth") or not Path(how).is_dir():
-        raise ConfigError(f"inference.projections={k} takes the data's directions at a MAP: set init=<a fli-map run "
-                          f"directory of this mock> (init={how} is not one), or inference.projections=0")
-    mj = check_init_map(cfg, Path(how), obs)
-    grid = post.fwd.grid
-    ref = jax.jit(post.layout.pack)(jnp.asarray(post.theta_of(mj["params"]), grid.jdtype),
-                                    load_map_field(how, grid.mesh).astype(grid.jdtype))
+    ref, how = init_map_point(cfg, post, obs, f"inference.projections={k} takes the data's directions at a MAP",
+                              ", or inference.projections=0")
     full, info = build_lowrank(post, data, ref, LANCZOS_FACTOR * k, jax.random.PRNGKey(0), log)
     proj = top(full, k)
     info = {**info, "source": "lanczos", "count": int(proj.lam.shape[0]), "point": how,
