@@ -569,6 +569,6 @@ def summary_table(report: dict) -> str:
     for c in report["checks"]:
         v = c["value"]
         val = "-" if v is None else (f"{100 * v:.2f}%" if c["check"] in ("divergences", "tree_depth") else f"{v:.4g}")
-        lines.append(f"  {c['verdict'].upper():<5} {c['check']:<15}{val:>10}  ({c['bands']})")
+        lines.append(f"  {c['verdict'].upper():<5} {c['check']:<20}{val:>10}  ({c['bands']})")
     lines.append(f"verdict: {report['verdict'].upper()} (exit status {report['exit_status']})")
     return "\n".join(lines)

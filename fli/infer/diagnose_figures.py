@@ -61,6 +61,12 @@ def figures(idata, chains, data: dict, run_dir: Path, log: logging.Logger, notes
                                            reference_values=ref, figsize=(2.6 * len(pair),) * 2,
                                            reference_values_kwargs={"color": "C3", "marker": "x",
                                                                     "markersize": 9}))
+    if "field_summaries" in idata.groups() and "projections" in idata.field_summaries:
+        p = np.asarray(idata.field_summaries["projections"])  # [chain, draw, K], largest eigenvalue first
+        shown = min(p.shape[-1], 6)
+        proj = az.from_dict(posterior={f"projection {k}": p[..., k] for k in range(shown)})
+        arviz_fig("projections", lambda: az.plot_trace(proj, compact=False, figsize=(11, 1.9 * shown),
+                                                       backend_kwargs={"constrained_layout": True}))
     stats = idata.sample_stats
     if "energy_error" in stats and not np.isfinite(np.asarray(stats["energy"])).any():
         notes.append("energy: not drawn (MCLMC has no Hamiltonian energy; energy_error.png instead)")

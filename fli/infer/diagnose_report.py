@@ -17,6 +17,8 @@ figure{margin:1em 0}figcaption{font-size:13px;color:#57606a}"""
 CAPTIONS = {
     "trace": "Trace and marginal of each parameter per chain (divergences marked at the bottom).",
     "rank": "Rank plots: uniform histograms when the chains mix.",
+    "projections": "The field's data-constrained projections (the top eigenvectors of J^T J, largest first) per "
+                   "chain: what a chain must move in the directions the data fix.",
     "pair": "Pairs of the parameters; divergences in orange, the mock's truth as a cross.",
     "energy": "Energy: marginal energy against the energy transitions (E-BFMI per chain).",
     "energy_error": "MCLMC's energy error per transition over sqrt(dimension), with a normal of the pass band's "

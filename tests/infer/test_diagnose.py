@@ -205,6 +205,10 @@ def test_a_data_constrained_projection_that_did_not_mix_fails_where_p_k_passes(t
     assert report["projections"]["count"] == 5 and idata.field_summaries["projections"].shape == (4, 1000, 5)
     assert v["projection_rhat"] == "fail" and report["projections"]["rhat_argmax"] == 2, report["projections"]
     assert all(v[c] == "pass" for c in ("rhat", "field_rhat", "ess_bulk")), v
+    out = tmp_path / "diag"  # as a user runs it: the projections' traces are drawn, one panel pair each
+    _main([f"runs=[{','.join(map(str, runs))}]", f"run_dir={out}"])
+    rep = json.loads((out / "diagnostics.json").read_text())
+    assert "projections" in rep["figures"] and rep["verdict"] == "fail"
     ok = [write_chain(tmp_path / f"ok{j}", config, _with_normal_projections(healthy(seed=j), 20 + j), seed=j)
           for j in range(4)]
     v, report, _, _ = verdicts(ok)
