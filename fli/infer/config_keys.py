@@ -147,6 +147,10 @@ def check_resumable(saved: dict, current: dict, may_change: Sequence[str] = (), 
     if where is None:
         where = f"run_dir {current['run_dir']}" if "run_dir" in current else "the checkpoint"
     for key, x, y in differences(saved, current, ignore=may_change):
+        if x is ABSENT and key in ADDED:  # made before the key existed: say which value does what it did
+            what = (f"was made without {key}, as {key}={show(ADDED[key])} does; this run has {key} = {show(y)}, so "
+                    f"add {key}={show(ADDED[key])} to resume it")
+            raise ConfigError(f"{where} {what}")
         if x is ABSENT:
             what = f"was made without {key}; this run has {key} = {show(y)}"
         elif y is ABSENT:

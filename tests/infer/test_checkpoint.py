@@ -518,7 +518,9 @@ def test_a_key_added_since_a_run_resumes_only_at_the_value_that_does_what_the_ru
     now["inference"]["mclmc_energy_error"] = ADDED["inference.mclmc_energy_error"]
     check_resumable(saved, now, ALLOWED)
     now["inference"]["mclmc_energy_error"] = 1e-4
-    with pytest.raises(ConfigError, match="was made without inference.mclmc_energy_error; this run has"):
+    with pytest.raises(ConfigError, match=r"was made without inference.mclmc_energy_error, as "
+                                          r"inference.mclmc_energy_error=0.0005 does; this run has .* so add "
+                                          r"inference.mclmc_energy_error=0.0005 to resume it"):
         check_resumable(saved, now, ALLOWED)
     saved["inference"]["mclmc_energy_error"] = 2e-4
     with pytest.raises(ConfigError, match="inference.mclmc_energy_error = 0.0002; this run has 0.0001"):
