@@ -8,7 +8,9 @@ prediction are one function.
 Two forwards (``simulation.forward``):
 
 * ``"pm"``: white noise -> linear field -> 2LPT -> FastPM steps ending at the lens-plane
-  crossing times -> slabs of the density contrast -> Born convergence per source bin;
+  crossing times -> slabs of the density contrast -> Born convergence per source bin; the
+  slabs are summed from the density mesh (``lensing.planes=mesh``) or their particles are
+  painted onto the map's pixels (``lensing.planes=particles``, :mod:`fli.particle_planes`);
 * ``"linear"``: the lens planes are cut from the linear field ``D(a_i) delta_L`` itself, with
   no particles, so that kappa is linear in the white noise at fixed cosmology: the field's
   posterior is then Gaussian, the reference for recovery and for calibrating samplers.
@@ -47,6 +49,7 @@ from fli.grid import Grid
 from fli.lensing import KAPPA_SPEC, LensGeometry, _host_a_of_chi, _host_chi_of_z, born_convergence, plane_hook
 from fli.lpt import linear_field
 from fli.nbody import density, simulate
+from fli.particle_planes import PLANES, check_particle_geometry, particle_plane_hook, pixel_born_convergence
 from fli.sharding import FIELD_SPEC, make_mesh
 from fli.survey import NzBin, nz_bins_from_config
 
@@ -80,6 +83,8 @@ class ForwardModel:
         a_start: scale factor of the 2LPT initial conditions.
         lpt_order, adjoint: PM settings (see :func:`fli.nbody.simulate`).
         kind: ``"pm"`` or ``"linear"``; lightcone: ``"traced"`` or ``"fiducial"``.
+        planes: ``"mesh"`` (slabs of the density mesh, :func:`fli.lensing.plane_hook`) or
+            ``"particles"`` (painted onto the pixels, :mod:`fli.particle_planes`; PM only).
     """
 
     grid: Grid
@@ -90,6 +95,7 @@ class ForwardModel:
     adjoint: str = "checkpoint"
     kind: str = "pm"
     lightcone: str = "traced"
+    planes: str = "mesh"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bins", tuple(self.bins))
@@ -97,6 +103,13 @@ class ForwardModel:
             raise ValueError(f"simulation.forward must be one of {FORWARDS}, got {self.kind!r}")
         if self.lightcone not in LIGHTCONES:
             raise ValueError(f"lensing.lightcone must be one of {LIGHTCONES}, got {self.lightcone!r}")
+        if self.planes not in PLANES:
+            raise ValueError(f"lensing.planes must be one of {PLANES}, got {self.planes!r}")
+        if self.planes == "particles" and self.kind != "pm":
+            raise ValueError("lensing.planes = particles needs simulation.forward = pm (the linear forward "
+                             "has no particles); use lensing.planes = mesh")
+        if self.planes == "particles":
+            check_particle_geometry(self.geometry)
 
     @property
     def n_bins(self) -> int:
@@ -135,10 +148,18 @@ class ForwardModel:
                 rho = 1.0 + linear_field(cosmo, noise, self.grid, a[0])
             return kappa, ForwardAux(jnp.zeros((self.geometry.n_used,), dt), rho)
         a = self.plane_a(cosmo)  # once: the steps end at the crossings, and the Born weights read them
-        hook = plane_hook(self.geometry, self.grid)
+        if self.planes == "particles":
+            hook = particle_plane_hook(self.geometry, self.grid)
+        else:
+            hook = plane_hook(self.geometry, self.grid)
         st, planes, maxd = simulate(cosmo, noise, self.grid, self.a_steps(cosmo, a), lpt_order=self.lpt_order,
                                     hook=hook, adjoint=self.adjoint)
-        kappa = born_convergence(cosmo, planes, self.geometry, self.grid, self.bins, plane_a=a)
+        if self.planes == "particles":
+            planes, reach = planes  # reach: z-displacements, held against the halo with the rest
+            maxd = jnp.maximum(maxd, reach)
+            kappa = pixel_born_convergence(cosmo, planes, self.geometry, self.grid, self.bins, plane_a=a)
+        else:
+            kappa = born_convergence(cosmo, planes, self.geometry, self.grid, self.bins, plane_a=a)
         rho = density(st.disp, self.grid) if return_density else None
         return kappa, ForwardAux(maxd, rho)
 
@@ -309,7 +330,7 @@ def build_forward(cfg: Config, bins: list[NzBin] | None = None, mesh=None) -> Fo
                                    allow_replication=cfg.lensing.allow_replication, chi_cover=chi_cover)
         geom.a_steps(sim.a_start)  # validates a_start against the fiducial crossings
         return ForwardModel(grid, geom, tuple(bins), float(sim.a_start), sim.lpt_order, sim.adjoint,
-                            sim.forward, cfg.lensing.lightcone)
+                            sim.forward, cfg.lensing.lightcone, cfg.lensing.planes)
     except ConfigError:
         raise
     except ValueError as e:

@@ -1,0 +1,205 @@
+"""Lens planes painted from the particles at the map's angular resolution (``lensing.planes=particles``).
+
+The mesh planes of :func:`fli.lensing.plane_hook` sum the 3D density mesh over a slab and are
+then read bilinearly at the pixels: at chi = 1000 Mpc/h a 5 Mpc/h cell spans 17', while a
+default pixel is 4.7', so the map loses its power well before the pixel scale. Here each PM
+step instead projects the particles of its slab straight onto the pixel grid of its plane.
+
+What a plane holds
+------------------
+Plane ``i`` (centre ``r_i``, slab ``[i dr, (i + 1) dr)`` along the line of sight) is painted at
+the end of the PM step that reaches its crossing time, as the mesh plane is. Particle ``p`` at
+comoving position ``(x, y, z)`` (the observer at ``(Lx/2, Ly/2, 0)``) is seen at the angle
+``theta = ((x, y) - (Lx, Ly)/2) / r_i`` (flat sky, the slab projected onto its centre, as the
+Born weights ``q_b(r_i)`` assume) and deposited by 2D cloud-in-cell onto the pixels (pixel
+centres at :attr:`~fli.lensing.LensGeometry.theta`). Its mass is the volume of a cell ``V``
+times the fraction ``w_z`` of its cell-wide extent ``[z - dz/2, z + dz/2]`` that lies inside
+the slab, so a particle moves continuously between neighbouring slabs and the total weight
+is conserved. A pixel then holds the density contrast integrated over the slab [Mpc/h]::
+
+    plane_i(pixel) = sum_p w_z(p) V CIC(theta_p -> pixel) / (pixel side * r_i)^2  -  dr
+
+the units and mean of the mesh planes, which :func:`pixel_born_convergence` weighs with the same
+``q_b(r_i)``. Mass deposited outside the field of view is dropped (the map is not periodic);
+the transverse positions wrap periodically around the observer's axis, so a field of view
+wider than the box (``lensing.allow_replication``) is refused here.
+
+Shot noise. With one particle per cell of the PM grid, a pixel of plane ``i`` holds on average
+``dr (pixel side r_i)^2 / V`` particles: fewer than one on the near planes. The planes carry a
+discreteness noise, of angular power ``V dr / r_i^2`` for Poisson particles
+(:func:`shot_noise_cl`), which comparisons of C_ell with theory measure and subtract.
+
+Sharding. Particles are sharded ``P('x', 'y')`` by Lagrangian cell and never leave their device.
+Each device paints its own particles into a full ``[npix, npix]`` plane, and one
+``psum_scatter`` per mesh axis sums the devices' planes and leaves each device its own block of
+pixels, ``P('x', 'y')``: the reduction is one plane, not a field.
+
+Only the particles whose Lagrangian cells lie within ``pad`` cells of the slab along z are
+examined (``pad`` z-cells cover the halo's transverse reach, ``halo * max(dx, dy)``), and
+the hook reports the largest |z-displacement| of all particles in units of the transverse
+cell, so that the forward's halo check (:func:`fli.painting.check_halo`) also guards the
+slab cut: a particle from outside the cut could reach the slab only by moving farther than
+the halo allows.
+
+Derivatives with respect to the displacements are those of the piecewise-linear weights
+(automatic: a scatter-add whose transpose is a gather).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from fli.cosmology import Cosmology
+from fli.lensing import KAPPA_SPEC, LensGeometry, _born_weights_jit, _check_grid
+from fli.sharding import FIELD_SPEC, mesh_pdims
+from fli.survey import NzBin, as_bin_list
+
+PLANES = ("mesh", "particles")
+
+
+def slab_pad(geometry: LensGeometry, halo: int) -> int:
+    """Lagrangian z-cells examined beyond each side of a slab: enough for a particle displaced
+    along z as far as the halo lets one move across (``halo * max(dx, dy)``), plus the half
+    cell of its extent."""
+    cell = geometry.cell
+    return int(math.ceil(halo * max(cell[0], cell[1]) / cell[2])) + 1
+
+
+def check_particle_geometry(geometry: LensGeometry) -> None:
+    """Refuse a light cone the particle planes cannot paint (one line naming the key)."""
+    if geometry.replicated:
+        raise ValueError("lensing.planes = particles needs the field of view inside the box at the "
+                         "farthest plane (it paints each particle once); use lensing.planes = mesh "
+                         "with lensing.allow_replication = true, or a smaller lensing.fov_deg")
+
+
+def paint_plane(pos, mass, i, geometry: LensGeometry):
+    """Particles onto plane ``i``'s pixels: ``[npix, npix]`` of ``sum_p mass_p w_z(p) V
+    CIC(theta_p -> pixel) / (pixel side r_i)^2`` [Mpc/h] (the module docstring's formula
+    without its ``- dr``).
+
+    ``pos`` ``[..., 3]`` comoving positions [Mpc/h] in the periodic box (wrapped here; the
+    observer at ``(Lx/2, Ly/2, 0)``, looking along +z), ``mass`` ``[...]`` in particles (1 for
+    one particle of a cell's volume ``V``), ``i`` the plane (an int or traced). Pure and local:
+    :func:`particle_plane_hook` calls it on each device's particles and sums the planes.
+    """
+    dt = pos.dtype
+    lx, ly, lz = geometry.box
+    cz = float(geometry.cell[2])
+    npix, dr, pix = geometry.npix, geometry.dr, geometry.pixel_size_rad
+    volume = float(np.prod(geometry.cell))
+    i = jnp.asarray(i, jnp.int32)
+    r = jnp.asarray(np.asarray(geometry.plane_r, np.float64), dt)[i]
+    # the particle's cell-wide extent along z against the slab [b0, b0 + dr), relative to b0
+    zr = jnp.mod(pos[..., 2] - i.astype(dt) * dr + 0.5 * lz, lz) - 0.5 * lz
+    h = 0.5 * cz
+    wz = jnp.clip(jnp.minimum(zr + h, dr) - jnp.maximum(zr - h, 0.0), 0.0, None) / (2 * h)
+    amp = mass * wz * (volume / (pix * r) ** 2)
+    # angle theta = (x - L/2) / r_i -> pixel coordinate u (pixel j's centre at u = j)
+    ux = (jnp.mod(pos[..., 0], lx) - 0.5 * lx) / (r * pix) + 0.5 * npix - 0.5
+    uy = (jnp.mod(pos[..., 1], ly) - 0.5 * ly) / (r * pix) + 0.5 * npix - 0.5
+    jx, jy = jnp.floor(ux), jnp.floor(uy)
+    fx, fy = ux - jx, uy - jy
+    jx, jy = jx.astype(jnp.int32), jy.astype(jnp.int32)
+    plane = jnp.zeros((npix * npix,), dt)
+    for ox, wx in ((0, 1.0 - fx), (1, fx)):
+        for oy, wy in ((0, 1.0 - fy), (1, fy)):
+            px_, py_ = jx + ox, jy + oy
+            inside = (px_ >= 0) & (px_ < npix) & (py_ >= 0) & (py_ < npix)
+            flat = jnp.where(inside, px_ * npix + py_, 0)
+            plane = plane.at[flat.ravel()].add(jnp.where(inside, amp * wx * wy, 0.0).ravel())
+    return plane.reshape(npix, npix)
+
+
+def particle_plane_hook(geometry: LensGeometry, grid, *, halves: bool = False):
+    """Per-step PM hook ``hook(density, disp, a, step) -> (plane, reach)``.
+
+    ``disp`` ``[nx, ny, nz, 3]`` [Mpc/h] sharded ``P('x', 'y')``; for step ``j`` the hook paints
+    plane ``i = n_used - 1 - j`` (see the module docstring): ``plane`` ``[npix, npix]`` sharded
+    ``P('x', 'y')`` [Mpc/h]; ``reach`` the largest |z-displacement| of any particle, in
+    transverse cells (to hold against the halo). ``step`` may be traced.
+
+    ``halves=True`` (to measure the shot noise): ``plane`` is ``[3, npix, npix]``
+    ``P(None, 'x', 'y')``, the plane of all particles, then those of the two halves of a 3D
+    checkerboard of Lagrangian cells, each with twice the mass: half the difference of the
+    halves has the full plane's discreteness noise and none of its signal.
+    """
+    _check_grid(geometry, grid)
+    check_particle_geometry(geometry)
+    nx, ny, nz = geometry.shape
+    px, py = mesh_pdims(grid.mesh)
+    bx, by = nx // px, ny // py
+    cx, cy, cz = (float(c) for c in geometry.cell)
+    n_used, m = geometry.n_used, geometry.slab_cells
+    dr = geometry.dr
+    pad = min(slab_pad(geometry, grid.halo), (nz - m) // 2)
+    width = m + 2 * pad  # Lagrangian z-cells examined per slab
+
+    def local(disp, step):
+        dt = disp.dtype
+        i = n_used - 1 - step  # plane painted at this step
+        kz = jnp.mod(i * m - pad + jnp.arange(width), nz)  # Lagrangian z-cells examined (wrapping)
+        d = jnp.take(disp, kz, axis=2)  # [bx, by, width, 3]
+        ix = lax.axis_index("x") * bx + jnp.arange(bx)
+        iy = lax.axis_index("y") * by + jnp.arange(by)
+        pos = jnp.stack(jnp.broadcast_arrays(ix.astype(dt)[:, None, None] * cx, iy.astype(dt)[None, :, None] * cy,
+                                             kz.astype(dt)[None, None, :] * cz), axis=-1) + d
+        masses = [jnp.ones(pos.shape[:-1], dt)]
+        if halves:
+            even = (ix[:, None, None] + iy[None, :, None] + kz[None, None, :]) % 2 == 0
+            masses += [jnp.where(even, 2.0, 0.0).astype(dt), jnp.where(even, 0.0, 2.0).astype(dt)]
+        planes = [paint_plane(pos, mass, i, geometry) for mass in masses]
+        plane = jnp.stack(planes) if halves else planes[0]
+        ax = plane.ndim - 2
+        plane = lax.psum_scatter(plane, "x", scatter_dimension=ax, tiled=True)
+        plane = lax.psum_scatter(plane, "y", scatter_dimension=ax + 1, tiled=True)
+        reach = lax.stop_gradient(jnp.max(jnp.abs(disp[..., 2])) / min(cx, cy))
+        reach = lax.pmax(reach, ("x", "y"))
+        return plane - jnp.asarray(dr, dt), reach
+
+    spec = KAPPA_SPEC if halves else FIELD_SPEC
+    fn = jax.shard_map(local, mesh=grid.mesh, in_specs=(FIELD_SPEC, P()), out_specs=(spec, P()))
+
+    def hook(density, disp, a, step):
+        del density, a
+        return fn(disp, jnp.asarray(step, jnp.int32))
+
+    return hook
+
+
+def pixel_born_convergence(cosmo: Cosmology, planes, geometry: LensGeometry, grid,
+                           nz_bins: Sequence[NzBin], *, plane_a=None):
+    """Born convergence ``[n_bins, npix, npix]`` ``P(None, 'x', 'y')`` from planes already on
+    the pixels, ``[n_used, npix, npix]`` in PM step order (farthest first), as
+    :func:`particle_plane_hook` stacks them: kappa_b = sum_i q_b(r_i) plane_i, with the weights
+    of :func:`fli.lensing.born_weights` (``a_i`` from ``cosmo`` unless ``plane_a`` is given)."""
+    want = (geometry.n_used, geometry.npix, geometry.npix)
+    if tuple(planes.shape) != want:
+        raise ValueError(f"pixel planes must be [n_used, npix, npix] = {want}, got {tuple(planes.shape)}")
+    w = _born_weights_jit(cosmo, geometry, as_bin_list(nz_bins), plane_a)  # nearest first
+    kappa = jnp.einsum("bi,ixy->bxy", w[:, ::-1].astype(planes.dtype), planes)
+    return lax.with_sharding_constraint(kappa, NamedSharding(grid.mesh, KAPPA_SPEC))
+
+
+def shot_noise_cl(geometry: LensGeometry, weights) -> np.ndarray:
+    """Poisson shot noise of the Born convergence painted from particles, ``[n_bins]``.
+
+    One particle per cell of volume ``V`` is a mean density ``1 / V``; plane ``i`` as a sum of
+    points of angular density ``r_i^2 dr / V`` per steradian, each of amplitude ``V / r_i^2``,
+    has white power ``V dr / r_i^2``, so ``N_b = sum_i q_b(r_i)^2 V dr / r_i^2`` (before the
+    2D CIC window). ``weights`` ``[n_bins, n_used]`` nearest first
+    (:func:`fli.lensing.born_weights`). A lattice start is sub-Poisson on large scales: measure
+    the noise on the map too (scripts/plane_fidelity.py halves the particles)."""
+    w = np.asarray(weights, np.float64)
+    cell = geometry.cell
+    volume = float(cell[0] * cell[1] * cell[2])
+    r = np.asarray(geometry.plane_r, np.float64)
+    return (w ** 2 * volume * geometry.dr / r ** 2).sum(axis=1)
