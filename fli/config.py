@@ -113,7 +113,8 @@ class LensingConfig:
     n_planes: int = 16  # lens planes, slabs of equal comoving width
     allow_replication: bool = False  # allow fov wider than the box at the farthest plane
     lightcone: str = "traced"  # "traced": step and plane times follow the cosmology; "fiducial": frozen
-    planes: str = "mesh"  # "mesh": slabs of the 3D density mesh; "particles": painted onto the pixels
+    planes: str = "particles"  # "particles": painted onto the pixels; "mesh": slabs of the 3D density mesh
+    subparticles: int = 2  # planes=particles: each particle painted as n x n sub-particles (less shot noise)
 
     def __post_init__(self) -> None:
         _check(_finite(self.fov_deg) and 0 < self.fov_deg < 30, "lensing.fov_deg", "in (0, 30) degrees", self.fov_deg)
@@ -122,6 +123,7 @@ class LensingConfig:
         _check(self.lightcone in ("traced", "fiducial"), "lensing.lightcone", "'traced' or 'fiducial'",
                self.lightcone)
         _check(self.planes in ("mesh", "particles"), "lensing.planes", "'mesh' or 'particles'", self.planes)
+        _check(1 <= self.subparticles <= 4, "lensing.subparticles", "an integer in [1, 4]", self.subparticles)
 
 
 @dataclass

@@ -84,7 +84,10 @@ class ForwardModel:
         lpt_order, adjoint: PM settings (see :func:`fli.nbody.simulate`).
         kind: ``"pm"`` or ``"linear"``; lightcone: ``"traced"`` or ``"fiducial"``.
         planes: ``"mesh"`` (slabs of the density mesh, :func:`fli.lensing.plane_hook`) or
-            ``"particles"`` (painted onto the pixels, :mod:`fli.particle_planes`; PM only).
+            ``"particles"`` (painted onto the pixels, :mod:`fli.particle_planes`); the PM
+            forward's choice: the linear forward has no particles and cuts its planes from the
+            linear field whatever this says;
+            subparticles: each particle painted as that many squared (particle planes).
     """
 
     grid: Grid
@@ -96,6 +99,7 @@ class ForwardModel:
     kind: str = "pm"
     lightcone: str = "traced"
     planes: str = "mesh"
+    subparticles: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bins", tuple(self.bins))
@@ -105,10 +109,7 @@ class ForwardModel:
             raise ValueError(f"lensing.lightcone must be one of {LIGHTCONES}, got {self.lightcone!r}")
         if self.planes not in PLANES:
             raise ValueError(f"lensing.planes must be one of {PLANES}, got {self.planes!r}")
-        if self.planes == "particles" and self.kind != "pm":
-            raise ValueError("lensing.planes = particles needs simulation.forward = pm (the linear forward "
-                             "has no particles); use lensing.planes = mesh")
-        if self.planes == "particles":
+        if self.planes == "particles" and self.kind == "pm":
             check_particle_geometry(self.geometry)
 
     @property
@@ -149,7 +150,7 @@ class ForwardModel:
             return kappa, ForwardAux(jnp.zeros((self.geometry.n_used,), dt), rho)
         a = self.plane_a(cosmo)  # once: the steps end at the crossings, and the Born weights read them
         if self.planes == "particles":
-            hook = particle_plane_hook(self.geometry, self.grid)
+            hook = particle_plane_hook(self.geometry, self.grid, sub=self.subparticles)
         else:
             hook = plane_hook(self.geometry, self.grid)
         st, planes, maxd = simulate(cosmo, noise, self.grid, self.a_steps(cosmo, a), lpt_order=self.lpt_order,
@@ -330,7 +331,8 @@ def build_forward(cfg: Config, bins: list[NzBin] | None = None, mesh=None) -> Fo
                                    allow_replication=cfg.lensing.allow_replication, chi_cover=chi_cover)
         geom.a_steps(sim.a_start)  # validates a_start against the fiducial crossings
         return ForwardModel(grid, geom, tuple(bins), float(sim.a_start), sim.lpt_order, sim.adjoint,
-                            sim.forward, cfg.lensing.lightcone, cfg.lensing.planes)
+                            sim.forward, cfg.lensing.lightcone, cfg.lensing.planes,
+                            cfg.lensing.subparticles)
     except ConfigError:
         raise
     except ValueError as e:

@@ -137,8 +137,10 @@ def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
     from fli import plots  # noqa: PLC0415
     from fli.cosmology import a_of_chi, linear_power  # noqa: PLC0415
     from fli.halofit import halofit_power, halofit_power_grid  # noqa: PLC0415
+    from fli.lensing import born_weights  # noqa: PLC0415
     from fli.limber import limber_cl_planes, map_power_spectrum  # noqa: PLC0415
     from fli.lpt import linear_field  # noqa: PLC0415
+    from fli.particle_planes import shot_noise_cl  # noqa: PLC0415
     from fli.power import power_spectrum  # noqa: PLC0415
     from fli.sharding import process_allgather  # noqa: PLC0415
 
@@ -158,10 +160,13 @@ def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
     ell, cl = np.asarray(ell)[ok], np.asarray(cl)[:, ok]
     ell_t = np.geomspace(max(ell.min() / 2, 1.0), ell.max() * 1.5, 60)
 
+    particles = cfg.lensing.planes == "particles" and cfg.simulation.forward == "pm"
+
     def theory(cosmo, bins, k, ell_t):
         p_th, p_hf = linear_power(cosmo, k, a_end), halofit_power(cosmo, k, a_end)
         # what the PM map should see: plane-sum Limber with the CIC paint + bilinear read windows
-        cl_th = limber_cl_planes(cosmo, bins, ell_t, geom, mesh_window=8)
+        # (mesh planes; particle planes are painted at the pixels, with no mesh window)
+        cl_th = limber_cl_planes(cosmo, bins, ell_t, geom, mesh_window=0 if particles else 8)
         cl_cont = limber_cl_planes(cosmo, bins, ell_t, geom)
         # the same plane sum with halofit's P(k): what the map would carry with all the small-scale power
         r = jnp.asarray(geom.plane_r)
@@ -177,6 +182,10 @@ def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
     p_sim, p_lin = np.asarray(p_sim), np.asarray(p_lin)
     a_pix_sr = (np.deg2rad(cfg.lensing.fov_deg) / cfg.lensing.npix) ** 2
     noise_cl = (m["noise_sigma"] ** 2 * a_pix_sr)[:, None] * np.ones_like(ell_t)[None, :]
+    shot_cl = None
+    if particles:  # Poisson shot noise of the painted particles, over the sub-particles' number
+        shot = shot_noise_cl(geom, np.asarray(born_weights(cosmo, geom, m["bins"]))) / cfg.lensing.subparticles ** 2
+        shot_cl = shot[:, None] * np.ones_like(ell_t)[None, :]
     ell_lo = 2 * np.pi / np.deg2rad(cfg.lensing.fov_deg)
     ell_hi = 0.5 * np.pi * cfg.lensing.npix / np.deg2rad(cfg.lensing.fov_deg)
     if jax.process_index() != 0:
@@ -186,5 +195,6 @@ def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
         "matter_power": str(plots.matter_power(k, p_sim, p_lin, p_th, a_end, run_dir / "matter_power.png",
                                                k_nyq=k_nyq, p_halofit=p_hf)),
         "kappa_cl": str(plots.kappa_cl(ell, cl, cl_cont, noise_cl, run_dir / "kappa_cl.png", ell_theory=ell_t,
-                                       ell_range=(ell_lo, ell_hi), cl_windowed=cl_th, cl_halofit=cl_hf)),
+                                       ell_range=(ell_lo, ell_hi), cl_windowed=None if particles else cl_th,
+                                       cl_halofit=cl_hf, shot_cl=shot_cl)),
     }

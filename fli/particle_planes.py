@@ -58,6 +58,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fli.cosmology import Cosmology
+from fli.halo import pad_local
 from fli.lensing import KAPPA_SPEC, LensGeometry, _born_weights_jit, _check_grid
 from fli.sharding import FIELD_SPEC, mesh_pdims
 from fli.survey import NzBin, as_bin_list
@@ -119,7 +120,24 @@ def paint_plane(pos, mass, i, geometry: LensGeometry):
     return plane.reshape(npix, npix)
 
 
-def particle_plane_hook(geometry: LensGeometry, grid, *, halves: bool = False):
+def _sub_offsets(sub: int) -> list[float]:
+    """Lagrangian offsets [cells] of ``sub`` sub-particles along an axis, centred in the cell."""
+    return [(a + 0.5) / sub - 0.5 for a in range(sub)]
+
+
+def _interp_axis(dp, o: float, axis: int, b: int):
+    """``dp`` padded by one cell on ``axis``: its values at offset ``o`` in (-1/2, 1/2) cells
+    from each of the ``b`` interior cells, linearly between the two nearest."""
+    lo = math.floor(o)
+    f = o - lo
+    a = lax.slice_in_dim(dp, 1 + lo, 1 + lo + b, axis=axis)
+    if f == 0.0:
+        return a
+    c = lax.slice_in_dim(dp, 2 + lo, 2 + lo + b, axis=axis)
+    return (1.0 - f) * a + f * c
+
+
+def particle_plane_hook(geometry: LensGeometry, grid, *, halves: bool = False, sub: int = 1):
     """Per-step PM hook ``hook(density, disp, a, step) -> (plane, reach)``.
 
     ``disp`` ``[nx, ny, nz, 3]`` [Mpc/h] sharded ``P('x', 'y')``; for step ``j`` the hook paints
@@ -131,6 +149,14 @@ def particle_plane_hook(geometry: LensGeometry, grid, *, halves: bool = False):
     ``P(None, 'x', 'y')``, the plane of all particles, then those of the two halves of a 3D
     checkerboard of Lagrangian cells, each with twice the mass: half the difference of the
     halves has the full plane's discreteness noise and none of its signal.
+
+    ``sub > 1`` (``lensing.subparticles``): each particle is painted as ``sub x sub``
+    sub-particles of ``1 / sub^2`` of its mass, at Lagrangian offsets ``((a + 1/2)/sub - 1/2)``
+    cells in x and y, displaced by the displacement field interpolated bilinearly between
+    neighbouring particles (one row of the slab's particles is exchanged with each
+    neighbouring device). Where the flow is single-stream this is what a finer particle
+    lattice moved by the same forces would paint; the angular shot noise falls about as
+    ``1 / sub^2``, for ``sub^2`` times the (cheap) painting.
     """
     _check_grid(geometry, grid)
     check_particle_geometry(geometry)
@@ -150,13 +176,20 @@ def particle_plane_hook(geometry: LensGeometry, grid, *, halves: bool = False):
         d = jnp.take(disp, kz, axis=2)  # [bx, by, width, 3]
         ix = lax.axis_index("x") * bx + jnp.arange(bx)
         iy = lax.axis_index("y") * by + jnp.arange(by)
-        pos = jnp.stack(jnp.broadcast_arrays(ix.astype(dt)[:, None, None] * cx, iy.astype(dt)[None, :, None] * cy,
-                                             kz.astype(dt)[None, None, :] * cz), axis=-1) + d
-        masses = [jnp.ones(pos.shape[:-1], dt)]
+        masses = [jnp.full(d.shape[:-1], 1.0 / sub ** 2, dt)]
         if halves:
             even = (ix[:, None, None] + iy[None, :, None] + kz[None, None, :]) % 2 == 0
-            masses += [jnp.where(even, 2.0, 0.0).astype(dt), jnp.where(even, 0.0, 2.0).astype(dt)]
-        planes = [paint_plane(pos, mass, i, geometry) for mass in masses]
+            masses += [jnp.where(even, 2.0 * masses[0], 0.0), jnp.where(even, 0.0, 2.0 * masses[0])]
+        dp = pad_local(d, 1, (px, py)) if sub > 1 else None  # neighbours' displacements, one row
+        planes = [jnp.zeros((geometry.npix, geometry.npix), dt) for _ in masses]
+        for ox in _sub_offsets(sub):
+            dx_ = _interp_axis(dp, ox, 0, bx) if sub > 1 else d
+            for oy in _sub_offsets(sub):
+                dxy = _interp_axis(dx_, oy, 1, by) if sub > 1 else d
+                pos = jnp.stack(jnp.broadcast_arrays((ix.astype(dt) + ox)[:, None, None] * cx,
+                                                     (iy.astype(dt) + oy)[None, :, None] * cy,
+                                                     kz.astype(dt)[None, None, :] * cz), axis=-1) + dxy
+                planes = [pl + paint_plane(pos, mass, i, geometry) for pl, mass in zip(planes, masses, strict=True)]
         plane = jnp.stack(planes) if halves else planes[0]
         ax = plane.ndim - 2
         plane = lax.psum_scatter(plane, "x", scatter_dimension=ax, tiled=True)

@@ -81,9 +81,11 @@ def matter_power(k: np.ndarray, p_sim: np.ndarray, p_lin_realisation: np.ndarray
 
 def kappa_cl(ell: np.ndarray, cl_maps: np.ndarray, cl_theory: np.ndarray, noise_cl: np.ndarray,
              path: Path, ell_theory: np.ndarray | None = None, ell_range: tuple[float, float] | None = None,
-             cl_windowed: np.ndarray | None = None, cl_halofit: np.ndarray | None = None) -> Path:
+             cl_windowed: np.ndarray | None = None, cl_halofit: np.ndarray | None = None,
+             shot_cl: np.ndarray | None = None) -> Path:
     """Angular power spectra per bin: noiseless map, Limber prediction with the linear P(k)
-    (and with the PM mesh window) and with halofit's, shape-noise level."""
+    (and with the PM mesh window) and with halofit's, shape-noise level, and (particle planes)
+    the particles' Poisson shot-noise level."""
     nb = cl_maps.shape[0]
     ell_t = ell if ell_theory is None else ell_theory
     fig, axes = plt.subplots(1, nb, figsize=(4.2 * nb, 3.8), squeeze=False, constrained_layout=True)
@@ -100,6 +102,9 @@ def kappa_cl(ell: np.ndarray, cl_maps: np.ndarray, cl_theory: np.ndarray, noise_
             ax.loglog(ell_t[w], (ell_t * (ell_t + 1) * cl_windowed[b] / (2 * np.pi))[w], "k--",
                       label="Limber x PM mesh window")
         ax.loglog(ell_t, ell_t * (ell_t + 1) * noise_cl[b] / (2 * np.pi), "C3:", label="shape noise")
+        if shot_cl is not None:
+            ax.loglog(ell_t, ell_t * (ell_t + 1) * shot_cl[b] / (2 * np.pi), "C1-.", lw=0.8,
+                      label="particle shot noise (Poisson), in the map")
         if ell_range:
             ax.axvspan(*ell_range, color="C2", alpha=0.08, label=r"$2\pi$/fov to half the map Nyquist")
         ax.set_xlabel(r"$\ell$")

@@ -58,7 +58,8 @@ MODEL_NEUTRAL = ("simulation.adjoint",)  # how gradients are taken does not chan
 # keys added after runs were made, each with the value that does what runs did before it: a
 # saved config without the key resumes under a config that holds that value (added keys count
 # as differences otherwise)
-ADDED = {"inference.mclmc_energy_error": 5e-4, "inference.projections": 0, "lensing.planes": "mesh"}
+ADDED = {"inference.mclmc_energy_error": 5e-4, "inference.projections": 0, "lensing.planes": "mesh",
+         "lensing.subparticles": 1}
 ABSENT = "<absent>"
 _ABSENT = object()
 

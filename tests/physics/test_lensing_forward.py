@@ -14,13 +14,17 @@ from fli.forward import build_forward, fiducial_cosmology
 from fli.sharding import white_noise
 
 
-@pytest.mark.parametrize("kind", ["pm", pytest.param("linear", marks=pytest.mark.slow(seconds=15))])
+@pytest.mark.parametrize("kind", ["pm", pytest.param("linear", marks=pytest.mark.slow(seconds=15)),
+                                  pytest.param("pm-particles", marks=pytest.mark.slow(seconds=15))])
 def test_kappa_gradients_match_finite_differences(kind):
+    """``pm-particles``: lens planes painted from 2 x 2 sub-particles (the default's planes),
+    through the reversible adjoint and the sub-particles' exchange between devices."""
+    planes = ["lensing.planes=particles", "lensing.subparticles=2"] if kind == "pm-particles" else []
     with jax.enable_x64(True):
         cfg, _ = compose(["experiment=tiny", "simulation.mesh=[8,8,32]", "simulation.halo=2",
                           "simulation.dtype=float64", "lensing.npix=8", "lensing.n_planes=4",
                           "distributed.pdims=[2,2]", "simulation.adjoint=reversible",
-                          f"simulation.forward={kind}"])
+                          f"simulation.forward={kind.split('-')[0]}", *planes])
         fwd = build_forward(cfg)
         cosmo0 = fiducial_cosmology(cfg)
         w = jax.random.normal(jax.random.key(4), fwd.kappa_shape, jnp.float64)

@@ -101,13 +101,23 @@ def _random_disp(seed, scale=1.9, dtype=np.float32):
     return d.astype(dtype)
 
 
-def _all_particles_reference(geom, disp):
-    """Every particle painted onto every plane (no slab cut, one device), nearest first."""
+def _all_particles_reference(geom, disp, sub=1):
+    """Every particle painted onto every plane (no slab cut, one device), nearest first; with
+    ``sub``, as sub x sub sub-particles whose displacements are interpolated here with np.roll."""
     cell = np.asarray(BOX) / np.asarray(SHAPE)
-    q = np.stack(np.meshgrid(*(np.arange(n) for n in SHAPE), indexing="ij"), axis=-1) * cell
-    pos = jnp.asarray((q + disp).reshape(-1, 3))
-    ones = jnp.ones(pos.shape[0], pos.dtype)
-    return np.stack([np.asarray(paint_plane(pos, ones, i, geom)) - geom.dr for i in range(geom.n_used)])
+    q = np.stack(np.meshgrid(*(np.arange(n) for n in SHAPE), indexing="ij"), axis=-1).astype(float)
+    pos, mass = [], []
+    for ox in [(a + 0.5) / sub - 0.5 for a in range(sub)]:
+        nx_ = -1 if ox < 0 else 1  # the neighbour on the side of the offset
+        dx_ = (1 - abs(ox)) * disp + abs(ox) * np.roll(disp, -nx_, axis=0)
+        for oy in [(a + 0.5) / sub - 0.5 for a in range(sub)]:
+            ny_ = -1 if oy < 0 else 1
+            d = (1 - abs(oy)) * dx_ + abs(oy) * np.roll(dx_, -ny_, axis=1)
+            pos.append(((q + [ox, oy, 0.0]) * cell + d).reshape(-1, 3))
+            mass.append(np.full(pos[-1].shape[0], 1.0 / sub ** 2))
+    pos = jnp.asarray(np.concatenate(pos).astype(disp.dtype))
+    mass = jnp.asarray(np.concatenate(mass).astype(disp.dtype))
+    return np.stack([np.asarray(paint_plane(pos, mass, i, geom)) - geom.dr for i in range(geom.n_used)])
 
 
 def _sharded(disp, grid):
@@ -146,12 +156,36 @@ def test_particle_planes_identical_on_every_layout_and_to_painting_every_particl
     assert np.abs(three[:, 1] - three[:, 2]).max() > 0.1 * np.abs(ref).max()
 
 
-def test_particle_plane_gradients_match_finite_differences(geom):
+def test_subparticles_interpolate_the_displacements_across_devices(geom):
+    """2 x 2 sub-particles per particle, their displacements interpolated from the neighbours
+    (exchanged between devices): the same planes on every layout as np.roll's interpolation on
+    one array; less shot noise than whole particles (their planes' pixel scatter is smaller)."""
+    with jax.enable_x64(True):  # float32 positions move the CIC weights by 1e-5 of a pixel: compare in float64
+        disp = _random_disp(6, dtype=np.float64)
+        ref = _all_particles_reference(geom, disp, sub=2)[::-1]
+        for pd in [(1, 1), (2, 4), (8, 1)]:
+            grid = Grid(SHAPE, BOX, make_mesh(pd), halo=HALO)
+            planes, _ = _run_hook(particle_plane_hook(geom, grid, sub=2), _sharded(disp, grid), geom.n_used)
+            np.testing.assert_allclose(np.asarray(planes), ref, rtol=0, atol=1e-10 * np.abs(ref).max(),
+                                       err_msg=str(pd))
+        # a uniform shift moves every sub-particle with it: the sub-lattice is exactly 2x finer
+        shift = np.broadcast_to(np.asarray([1.3, -0.7, 2.1]), disp.shape).copy()
+        grid = Grid(SHAPE, BOX, make_mesh((2, 2)), halo=HALO)
+        planes, _ = _run_hook(particle_plane_hook(geom, grid, sub=2), _sharded(shift, grid), geom.n_used)
+        np.testing.assert_allclose(np.asarray(planes), _all_particles_reference(geom, shift, sub=2)[::-1],
+                                   rtol=0, atol=1e-10 * np.abs(ref).max())
+        whole, _ = _run_hook(particle_plane_hook(geom, grid, sub=1), _sharded(disp, grid), geom.n_used)
+        planes, _ = _run_hook(particle_plane_hook(geom, grid, sub=2), _sharded(disp, grid), geom.n_used)
+        assert np.asarray(planes).std() < np.asarray(whole).std()
+
+
+@pytest.mark.parametrize("sub", [1, 2])
+def test_particle_plane_gradients_match_finite_differences(geom, sub):
     """d/d(disp) of a weighted sum of all planes, against central differences along a random
     direction: CIC and the slab weights are piecewise linear, so a step of 1e-6 cells that
     crosses no cell edge gives the derivative to float64 rounding."""
     grid = Grid(SHAPE, BOX, make_mesh((2, 2)), halo=HALO)
-    hook = particle_plane_hook(geom, grid)
+    hook = particle_plane_hook(geom, grid, sub=sub)
     with jax.enable_x64(True):
         disp = jnp.asarray(_random_disp(2, dtype=np.float64))
         w = jnp.asarray(np.random.default_rng(3).normal(size=(geom.n_used, NPIX, NPIX)))
@@ -200,9 +234,10 @@ def test_forward_with_particle_planes_and_its_refusals():
     kappa, aux = jax.jit(lambda n: fwd(c, n))(noise)
     assert kappa.shape == fwd.kappa_shape and np.all(np.isfinite(np.asarray(kappa)))
     assert aux.max_disp.shape == (fwd.geometry.n_used,) and float(aux.max_disp.max()) < fwd.grid.halo
-    for extra, match in ((["simulation.forward=linear"], "lensing.planes = particles needs simulation.forward = pm"),
-                         (["lensing.fov_deg=12", "lensing.allow_replication=true"], "field of view inside the box")):
-        with pytest.raises(ConfigError, match=match):
-            build_forward(compose([*TINY_PARTICLES, *extra])[0])
+    # the linear forward has no particles: it cuts its planes from the linear field whatever
+    # lensing.planes says, so the default config's linear forward runs as it did
+    assert build_forward(compose([*TINY_PARTICLES, "simulation.forward=linear"])[0]).kind == "linear"
+    with pytest.raises(ConfigError, match="field of view inside the box"):
+        build_forward(compose([*TINY_PARTICLES, "lensing.fov_deg=12", "lensing.allow_replication=true"])[0])
     with pytest.raises(ConfigError, match="lensing.planes"):
         compose(["experiment=tiny", "lensing.planes=voxels"])
