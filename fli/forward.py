@@ -50,6 +50,7 @@ from fli.lensing import KAPPA_SPEC, LensGeometry, _host_a_of_chi, _host_chi_of_z
 from fli.lpt import linear_field
 from fli.nbody import density, simulate
 from fli.particle_planes import PLANES, check_particle_geometry, particle_plane_hook, pixel_born_convergence
+from fli.pgd import PGDParams
 from fli.sharding import FIELD_SPEC, make_mesh
 from fli.survey import NzBin, nz_bins_from_config
 
@@ -87,7 +88,8 @@ class ForwardModel:
             ``"particles"`` (painted onto the pixels, :mod:`fli.particle_planes`); the PM
             forward's choice: the linear forward has no particles and cuts its planes from the
             linear field whatever this says;
-            subparticles: each particle painted as that many squared (particle planes).
+            subparticles: each particle painted as that many squared (particle planes);
+            pgd: the small-scale shift of the painted particles (:mod:`fli.pgd`; None: off).
     """
 
     grid: Grid
@@ -100,6 +102,7 @@ class ForwardModel:
     lightcone: str = "traced"
     planes: str = "mesh"
     subparticles: int = 1
+    pgd: PGDParams | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bins", tuple(self.bins))
@@ -150,7 +153,7 @@ class ForwardModel:
             return kappa, ForwardAux(jnp.zeros((self.geometry.n_used,), dt), rho)
         a = self.plane_a(cosmo)  # once: the steps end at the crossings, and the Born weights read them
         if self.planes == "particles":
-            hook = particle_plane_hook(self.geometry, self.grid, sub=self.subparticles)
+            hook = particle_plane_hook(self.geometry, self.grid, sub=self.subparticles, pgd=self.pgd)
         else:
             hook = plane_hook(self.geometry, self.grid)
         st, planes, maxd = simulate(cosmo, noise, self.grid, self.a_steps(cosmo, a), lpt_order=self.lpt_order,

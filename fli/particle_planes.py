@@ -60,6 +60,7 @@ from jax.sharding import PartitionSpec as P
 from fli.cosmology import Cosmology
 from fli.halo import pad_local
 from fli.lensing import KAPPA_SPEC, LensGeometry, _born_weights_jit, _check_grid
+from fli.pgd import PGDParams, pgd_shift
 from fli.sharding import FIELD_SPEC, mesh_pdims
 from fli.survey import NzBin, as_bin_list
 
@@ -137,7 +138,8 @@ def _interp_axis(dp, o: float, axis: int, b: int):
     return (1.0 - f) * a + f * c
 
 
-def particle_plane_hook(geometry: LensGeometry, grid, *, halves: bool = False, sub: int = 1):
+def particle_plane_hook(geometry: LensGeometry, grid, *, halves: bool = False, sub: int = 1,
+                        pgd: PGDParams | None = None):
     """Per-step PM hook ``hook(density, disp, a, step) -> (plane, reach)``.
 
     ``disp`` ``[nx, ny, nz, 3]`` [Mpc/h] sharded ``P('x', 'y')``; for step ``j`` the hook paints
@@ -157,6 +159,9 @@ def particle_plane_hook(geometry: LensGeometry, grid, *, halves: bool = False, s
     neighbouring device). Where the flow is single-stream this is what a finer particle
     lattice moved by the same forces would paint; the angular shot noise falls about as
     ``1 / sub^2``, for ``sub^2`` times the (cheap) painting.
+
+    ``pgd`` (``alpha != 0``): the particles are shifted by :func:`fli.pgd.pgd_shift` before they
+    are painted (the dynamics are untouched).
     """
     _check_grid(geometry, grid)
     check_particle_geometry(geometry)
@@ -202,7 +207,8 @@ def particle_plane_hook(geometry: LensGeometry, grid, *, halves: bool = False, s
     fn = jax.shard_map(local, mesh=grid.mesh, in_specs=(FIELD_SPEC, P()), out_specs=(spec, P()))
 
     def hook(density, disp, a, step):
-        del density, a
+        if pgd is not None and pgd.alpha != 0:
+            disp = disp + pgd_shift(density, disp, a, grid, pgd)
         return fn(disp, jnp.asarray(step, jnp.int32))
 
     return hook
