@@ -5,7 +5,10 @@ For mock ``i`` the truth's standardised parameters are drawn from N(0, I) (``num
 ``1000 + i``) and mapped through the prior; ``fli-mock`` makes the mock at that cosmology with
 ``seed=i``; ``fli-map inference.map.estimator=muse`` analyses it at the config's own cosmology,
 as a user who does not know the truth would. Each command is its own process, one at a time,
-pinned to one core under ``nice -n 19`` (tests and CI keep the cores).
+pinned to one core (``--core``, default 0) under ``nice -n 19`` (tests and CI keep the cores).
+Two drivers on two cores share a study: each takes a mock by creating ``claim_<i>`` (holding
+its process id) and skips mocks another live driver holds; a claim whose process is gone is
+taken over, so an interrupted mock is resumed by whichever driver comes to it.
 
 Reported per parameter (Omega_c, sigma8, S8), over the mocks:
 
@@ -57,29 +60,50 @@ def _truth(prior, i: int) -> dict[str, float]:
     return {n: float(v) for n, v in zip(prior.names, np.asarray(prior(z)), strict=True)}
 
 
-def _run(cmd: list[str], log: Path) -> None:
+def _run(cmd: list[str], log: Path, core: int = 0) -> None:
     env = dict(os.environ, XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
-    full = ["nice", "-n", "19", "taskset", "-c", "0", sys.executable, "-m", *cmd]
+    full = ["nice", "-n", "19", "taskset", "-c", str(core), sys.executable, "-m", *cmd]
     with open(log, "a") as f:
         rc = subprocess.run(full, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         raise SystemExit(f"{' '.join(cmd[:1])} failed with status {rc}; see {log}")
 
 
-def analyse(out: Path, mocks: int, overrides: list[str]) -> None:
+def _claim(out: Path, i: int) -> bool:
+    """Take mock ``i`` for this process unless a live driver holds it."""
+    path = out / f"claim_{i:03d}"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            holder = int(path.read_text() or "0")
+        except (OSError, ValueError):
+            holder = 0
+        if holder == os.getpid():
+            return True
+        if holder > 0 and Path(f"/proc/{holder}").exists():
+            return False
+        path.write_text(str(os.getpid()))  # the holder is gone: take it over
+        return True
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return True
+
+
+def analyse(out: Path, mocks: int, overrides: list[str], core: int = 0) -> None:
     _, prior = _prior(overrides)
     for i in range(mocks):
         mock, run = out / f"mock_{i:03d}", out / f"map_{i:03d}"
-        if (run / "map.json").exists():
+        if (run / "map.json").exists() or not _claim(out, i):
             continue
         truth = _truth(prior, i)
         t0 = time.time()
         if not (mock / "mock.zarr" / "COMPLETE").exists():
             shutil.rmtree(mock, ignore_errors=True)  # a mock cut short is made again
             _run(["fli.cli.mock", *overrides, *(f"cosmology.{k}={v!r}" for k, v in truth.items()), f"seed={i}",
-                  f"run_dir={mock}"], out / f"mock_{i:03d}.log")
+                  f"run_dir={mock}"], out / f"mock_{i:03d}.log", core)
         _run(["fli.cli.map", *overrides, f"mock={mock}", f"run_dir={run}", "inference.map.estimator=muse"],
-             out / f"map_{i:03d}.log")
+             out / f"map_{i:03d}.log", core)
         print(f"[{time.strftime('%H:%M:%S')}] mock {i}: {time.time() - t0:.0f} s", flush=True)
 
 
@@ -177,13 +201,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="study directory (mocks and analyses; resumable)")
     ap.add_argument("--mocks", type=int, default=50)
+    ap.add_argument("--core", type=int, default=0, help="the core the commands are pinned to (default 0)")
     ap.add_argument("--json", type=Path, help="write the summary here too")
     ap.add_argument("--report-only", action="store_true", help="summarise the finished analyses; run nothing")
     ap.add_argument("overrides", nargs="*", help="config overrides for both commands (after --)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.report_only:
-        analyse(a.out, a.mocks, a.overrides)
+        analyse(a.out, a.mocks, a.overrides, a.core)
     res = report(a.out, a.overrides)
     text = json.dumps(res, indent=1)
     print(text)

@@ -55,6 +55,17 @@ CHAINS_MAY_DIFFER = ("seed", *PLACEMENT, "init", "inference.num_samples", "infer
 MODEL_PARTS = ("simulation", "lensing", "survey", "prior")
 MODEL_NEUTRAL = ("simulation.adjoint",)  # how gradients are taken does not change the posterior
 
+# sampler keys that only some kernels read: a run of another kernel resumes (and its chains
+# combine) whatever they hold. Adjusted MCLMC tunes its step to an acceptance rate, not to an
+# energy error, and its trajectory length by its own rule
+KERNEL_KEYS = {"inference.mclmc_energy_error": ("mclmc",), "inference.mclmc_length": ("mclmc",)}
+
+
+def unread_by(kernel: str) -> tuple[str, ...]:
+    """The :data:`KERNEL_KEYS` that ``inference.kernel = kernel`` never reads."""
+    return tuple(key for key, readers in KERNEL_KEYS.items() if kernel not in readers)
+
+
 # keys added after runs were made, each with the value that does what runs did before it: a
 # saved config without the key resumes under a config that holds that value (added keys count
 # as differences otherwise)

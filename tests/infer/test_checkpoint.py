@@ -369,6 +369,23 @@ def test_check_resumable_refuses_other_changes_naming_the_key():
         check_resumable({"a": 1}, {"a": 2}, ())
 
 
+def test_keys_a_kernel_never_reads_may_change_on_resume():
+    """Adjusted MCLMC reads neither MCLMC's energy-error target nor its L rule: a run made under
+    the old default of the first resumes under the new one; unadjusted MCLMC, which reads it,
+    does not; NUTS ignores both."""
+    from fli.infer.config_keys import SAMPLING_MAY_CHANGE, unread_by
+
+    assert unread_by("mclmc") == ()
+    assert set(unread_by("adjusted_mclmc")) == set(unread_by("nuts")) == {"inference.mclmc_energy_error",
+                                                                           "inference.mclmc_length"}
+    saved = {"run_dir": "r", "inference": {"kernel": "adjusted_mclmc", "mclmc_energy_error": 5e-4}}
+    now = {"run_dir": "r", "inference": {"kernel": "adjusted_mclmc", "mclmc_energy_error": 1e-4}}
+    check_resumable(saved, now, (*SAMPLING_MAY_CHANGE, *unread_by("adjusted_mclmc")))
+    saved["inference"]["kernel"] = now["inference"]["kernel"] = "mclmc"
+    with pytest.raises(ConfigError, match="inference.mclmc_energy_error = 0.0005"):
+        check_resumable(saved, now, (*SAMPLING_MAY_CHANGE, *unread_by("mclmc")))
+
+
 # --------------------------------------------------------------------------- optimiser states
 
 
