@@ -114,6 +114,13 @@ class LensingConfig:
     allow_replication: bool = False  # allow fov wider than the box at the farthest plane
     lightcone: str = "traced"  # "traced": step and plane times follow the cosmology; "fiducial": frozen
     planes: str = "particles"  # "particles": painted onto the pixels; "mesh": slabs of the 3D density mesh
+    # planes=particles: the potential-gradient-descent shift of the painted particles (fli/pgd.py),
+    # alpha(a) = pgd_alpha a^pgd_mu, filter exp(-(pgd_kl/k)^2 - (k/pgd_ks)^4) [h/Mpc]; pgd_alpha 0 is off.
+    # Fitted on the low_s8 cosmology, seeds 200-207 (docs/fidelity.md)
+    pgd_alpha: float = 1.0
+    pgd_mu: float = 0.0
+    pgd_kl: float = 0.4
+    pgd_ks: float = 1.0
     subparticles: int = 2  # planes=particles: each particle painted as n x n sub-particles (less shot noise)
 
     def __post_init__(self) -> None:
@@ -124,6 +131,10 @@ class LensingConfig:
                self.lightcone)
         _check(self.planes in ("mesh", "particles"), "lensing.planes", "'mesh' or 'particles'", self.planes)
         _check(1 <= self.subparticles <= 4, "lensing.subparticles", "an integer in [1, 4]", self.subparticles)
+        _check(_finite(self.pgd_alpha) and self.pgd_alpha >= 0, "lensing.pgd_alpha", ">= 0 (0 is off)", self.pgd_alpha)
+        _check(_finite(self.pgd_mu), "lensing.pgd_mu", "a finite number", self.pgd_mu)
+        _check(_finite(self.pgd_kl) and self.pgd_kl >= 0, "lensing.pgd_kl", ">= 0 h/Mpc", self.pgd_kl)
+        _check(_finite(self.pgd_ks) and self.pgd_ks > 0, "lensing.pgd_ks", "> 0 h/Mpc", self.pgd_ks)
 
 
 @dataclass

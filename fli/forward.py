@@ -335,11 +335,19 @@ def build_forward(cfg: Config, bins: list[NzBin] | None = None, mesh=None) -> Fo
         geom.a_steps(sim.a_start)  # validates a_start against the fiducial crossings
         return ForwardModel(grid, geom, tuple(bins), float(sim.a_start), sim.lpt_order, sim.adjoint,
                             sim.forward, cfg.lensing.lightcone, cfg.lensing.planes,
-                            cfg.lensing.subparticles)
+                            cfg.lensing.subparticles, _pgd_params(cfg))
     except ConfigError:
         raise
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def _pgd_params(cfg: Config) -> PGDParams | None:
+    """The small-scale shift of the painted particles (particle planes only; None when off)."""
+    lc = cfg.lensing
+    if lc.planes != "particles" or lc.pgd_alpha == 0:
+        return None
+    return PGDParams(float(lc.pgd_alpha), float(lc.pgd_mu), float(lc.pgd_kl), float(lc.pgd_ks))
 
 
 def map_sharding(fwd: ForwardModel):

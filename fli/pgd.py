@@ -12,7 +12,8 @@ i.e. ``S(k) = alpha i k O(k) delta(k) / k^2``, towards the overdensities, with a
 ``alpha(a) = alpha_0 a^mu``. The shift is applied only to the positions that are painted: the
 dynamics are untouched. It costs one forward FFT of the density the PM step has already painted,
 three inverse FFTs and one CIC read per plane. Its parameters are fitted once
-(scripts/pgd_fit.py) on seeds and a cosmology that the validation does not use.
+(``scripts/plane_fidelity.py --pgd``, docs/fidelity.md) on seeds and a cosmology that the
+validation does not use.
 """
 
 from __future__ import annotations

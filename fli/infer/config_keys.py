@@ -70,7 +70,8 @@ def unread_by(kernel: str) -> tuple[str, ...]:
 # saved config without the key resumes under a config that holds that value (added keys count
 # as differences otherwise)
 ADDED = {"inference.mclmc_energy_error": 5e-4, "inference.projections": 0, "lensing.planes": "mesh",
-         "lensing.subparticles": 1}
+         "lensing.subparticles": 1, "lensing.pgd_alpha": 0.0, "lensing.pgd_mu": 0.0, "lensing.pgd_kl": 0.4,
+         "lensing.pgd_ks": 1.0}
 ABSENT = "<absent>"
 _ABSENT = object()
 
