@@ -270,10 +270,11 @@ def laplace_errors(post: Posterior, data: Data, lat: Latents, mcfg, log) -> dict
     of the sampled parameters at the MAP, in physical units (delta method)."""
     from fli.infer.laplace import laplace, to_physical  # noqa: PLC0415
 
-    U = lambda th, s: post.potential(Latents(th, s), data)
-    res = lambda th, s: post.residual(Latents(th, s), data)
+    # the observation is an argument, not a closure: its arrays span every process's devices
+    U = lambda th, s, d: post.potential(Latents(th, s), d)
+    res = lambda th, s, d: post.residual(Latents(th, s), d)
     t0 = time.perf_counter()
-    lr = laplace(U, lat.theta, lat.s, residual=res, cg_tol=mcfg.cg_tol, cg_maxiter=mcfg.cg_maxiter)
+    lr = laplace(U, lat.theta, lat.s, residual=res, cg_tol=mcfg.cg_tol, cg_maxiter=mcfg.cg_maxiter, args=(data,))
     jac = np.asarray(post.prior.jacobian(lat.theta), float)
     cov_m, cov_c = to_physical(lr.cov_marginal, jac), to_physical(lr.cov_conditional, jac)
     names = list(post.names)
