@@ -233,10 +233,10 @@ def gauss_newton_hvp(
     return jax.tree.map(lambda a, b: a + b, jtjv, v)
 
 
-def _hvp_for(kind: str, U, residual, ad: str):
-    if kind == "exact":
-        return partial(exact_hvp, U, ad=ad)
-    return partial(gauss_newton_hvp, residual, ad=ad)
+def _hvp_for(kind: str, U, residual, ad: str, args: tuple = ()):
+    f = U if kind == "exact" else residual
+    g = (lambda th, x: f(th, x, *args)) if args else f  # args: traced, never closed-over constants
+    return partial(exact_hvp if kind == "exact" else gauss_newton_hvp, g, ad=ad)
 
 
 # --------------------------------------------------------------------------- Schur columns
@@ -280,17 +280,13 @@ def schur_columns(
     static (hashed by identity): the same callables reuse the compiled program; ``cg_tol``
     and ``cg_maxiter`` are traced.
 
-    ``args``: arrays that ``U`` and ``residual`` take after ``(theta_z, s)`` (the observation):
-    arguments of the compiled program, never constants, so that arrays spread over the devices
-    of several processes can be read (JAX refuses to close over those).
-
+    ``args``: what ``U`` and ``residual`` take after ``(theta_z, s)``, as arguments (see :func:`laplace`).
     (``H_ts x_j`` could also be read as ``[<b_i, x_j>]_i`` by symmetry, saving the last HVP
     of each column at the price of storing the ``n`` fields ``b_i``; measured on the test
     problem, the compile time is the same, and the saving is ``n`` of ``sum_j (2 + iters_j)``
     HVPs, about 2 %: not worth the memory.)
     """
-    bind = lambda f: None if f is None else (lambda th, x: f(th, x, *args))  # noqa: E731
-    hvp = _hvp_for(kind, bind(U), bind(residual), ad)
+    hvp = _hvp_for(kind, U, residual, ad, args)
     n = theta_z.shape[0]
 
     def column(e):
@@ -454,9 +450,8 @@ def laplace(
     ``theta_z`` ``[n]`` replicated, ``s`` the field ``[nx, ny, nz]`` sharded ``P('x', 'y')``
     (or a pytree of fields), usually the MAP. ``residual(theta_z, s)`` is the whitened
     residual ``r`` with ``U = |r|^2/2 + |theta_z|^2/2 + |s|^2/2`` (up to a constant); it is
-    needed for ``hessian="gauss_newton"`` and for the fallback of ``"auto"``. With ``args``,
-    both are called as ``U(theta_z, s, *args)``: pass the observation that way, not in a
-    closure (a multi-process run's arrays cannot be closed over).
+    needed for ``hessian="gauss_newton"`` and for the fallback of ``"auto"``. ``args``: both are
+    called ``U(theta_z, s, *args)``; pass the observation so (JAX refuses closures over arrays that span processes).
 
     ``hessian="auto"`` uses the exact Hessian and falls back to Gauss-Newton
     ``J^T J + I`` when the exact one is shown not positive definite at this point: ``H_tt``
