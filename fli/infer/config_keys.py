@@ -66,6 +66,39 @@ def unread_by(kernel: str) -> tuple[str, ...]:
     return tuple(key for key, readers in KERNEL_KEYS.items() if kernel not in readers)
 
 
+# the particle planes' keys, which the mesh planes and the linear forward never read; the shift's
+# shape, which pgd_alpha = 0 turns off
+PARTICLE_PLANE_KEYS = ("lensing.subparticles", "lensing.pgd_alpha", "lensing.pgd_mu", "lensing.pgd_kl",
+                       "lensing.pgd_ks")
+PGD_SHAPE_KEYS = ("lensing.pgd_mu", "lensing.pgd_kl", "lensing.pgd_ks")
+
+
+def _value(cfg: dict, dotted: str):
+    """The value of a dotted key (:data:`ADDED`'s old value where a config made before it lacks it)."""
+    node = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return ADDED.get(dotted, _ABSENT)
+        node = node[part]
+    return node
+
+
+def unread(cfg: dict) -> set[str]:
+    """The dotted keys that a resolved config's own settings make irrelevant: sampler keys its
+    kernel never reads (:data:`KERNEL_KEYS`), the particle planes' keys under mesh planes or the
+    linear forward, the shift's shape when it is off. :func:`differences` skips the keys that
+    both sides leave unread."""
+    out = set()
+    kernel = _value(cfg, "inference.kernel")
+    if isinstance(kernel, str):
+        out |= set(unread_by(kernel))
+    if _value(cfg, "lensing.planes") == "mesh" or _value(cfg, "simulation.forward") == "linear":
+        out |= set(PARTICLE_PLANE_KEYS)
+    elif _same(_value(cfg, "lensing.pgd_alpha"), 0.0):
+        out |= set(PGD_SHAPE_KEYS)
+    return out
+
+
 # keys added after runs were made, each with the value that does what runs did before it: a
 # saved config without the key resumes under a config that holds that value (added keys count
 # as differences otherwise)
@@ -87,10 +120,14 @@ def differences(a: dict, b: dict, ignore: Sequence[str] = (), only: Sequence[str
     ``a``'s order then keys new in ``b``; a key missing on one side has the value
     :data:`ABSENT`. Keys under ``ignore`` are skipped; with ``only``, only keys under it count.
     A key of :data:`ADDED` missing on one side and at its old behaviour's value on the other is
-    no difference."""
+    no difference, nor is a key that both configs leave unread (:func:`unread`)."""
+    a, b = jsonable(a), jsonable(b)
+    skip = unread(a) & unread(b)
     out = []
-    for key, x, y in _walk(jsonable(a), jsonable(b), ""):
+    for key, x, y in _walk(a, b, ""):
         if any(under(key, p) for p in ignore) or (only is not None and not any(under(key, p) for p in only)):
+            continue
+        if key in skip:
             continue
         if key in ADDED and ((x is _ABSENT and _same(ADDED[key], y)) or (y is _ABSENT and _same(ADDED[key], x))):
             continue

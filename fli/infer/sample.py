@@ -29,7 +29,7 @@ from fli.config import Config
 from fli.files import barrier, write_json
 from fli.infer import checkpoint as ckpt
 from fli.infer.chunk import Accum, Draws, accum_of_chain, make_chunk, take_chain, zero_accum
-from fli.infer.config_keys import SAMPLING_MAY_CHANGE, check_resumable, unread_by
+from fli.infer.config_keys import SAMPLING_MAY_CHANGE, check_resumable
 from fli.infer.inference_data import kappa_summary, write_combined_inference_data, write_inference_data
 from fli.infer.kernels import make_kernel
 from fli.infer.layout import FLAT_SPEC
@@ -82,10 +82,7 @@ def _last_checkpoint(ckpt_dir: Path, resolved: dict, run_dir: Path, log) -> tupl
         return None, None
     # runs made before inference.sampler existed all sampled the flat, sharded latent
     meta["config"].setdefault("inference", {}).setdefault("sampler", "sharded")
-    # a key the kernel never reads may differ, unless the kernel itself changed (then that is refused)
-    unread = unread_by(resolved["inference"]["kernel"]) if meta["config"]["inference"].get("kernel") == \
-        resolved["inference"]["kernel"] else ()
-    check_resumable(meta["config"], resolved, (*SAMPLING_MAY_CHANGE, *unread), where=f"run_dir {run_dir}")
+    check_resumable(meta["config"], resolved, SAMPLING_MAY_CHANGE, where=f"run_dir {run_dir}")
     return last, meta
 
 
