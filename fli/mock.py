@@ -165,8 +165,8 @@ def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
     def theory(cosmo, bins, k, ell_t):
         p_th, p_hf = linear_power(cosmo, k, a_end), halofit_power(cosmo, k, a_end)
         # what the PM map should see: plane-sum Limber with the CIC paint + bilinear read windows
-        # (mesh planes; particle planes are painted at the pixels, with no mesh window)
-        cl_th = limber_cl_planes(cosmo, bins, ell_t, geom, mesh_window=0 if particles else 8)
+        # (mesh planes only: particle planes are painted at the pixels, and the figure leaves it out)
+        cl_th = limber_cl_planes(cosmo, bins, ell_t, geom, mesh_window=8)
         cl_cont = limber_cl_planes(cosmo, bins, ell_t, geom)
         # the same plane sum with halofit's P(k): what the map would carry with all the small-scale power
         r = jnp.asarray(geom.plane_r)
