@@ -39,7 +39,7 @@ from fli.config import ConfigError, DiagnoseConfig
 from fli.files import write_json
 from fli.fingerprint import short
 from fli.infer.config_keys import CHAINS_MAY_DIFFER, differences, leaves
-from fli.infer.diagnose_convergence import convergence, field_convergence, projection_convergence
+from fli.infer.diagnose_convergence import constant, convergence, field_convergence, projection_convergence
 from fli.infer.diagnose_convergence import finite as _f
 from fli.infer.inference_data import add_field_summaries, quiet_arviz
 from fli.infer.params import names_of_run
@@ -339,6 +339,10 @@ def checks(conv: dict, field: dict, health: dict, d: DiagnoseConfig, proj: dict 
         add(which, f"smallest {which.split('_')[1]} ESS of the parameters", v,
             _band(v, lambda x: x > d.ess_pass, lambda x: x > d.ess_warn), f"pass > {d.ess_pass:g}, "
             f"warn > {d.ess_warn:g}", k)
+    stuck = [f"{k} = {c['value']:.6g} in chain {c['chain']} ({c['draws']} draws)" for k, v in conv.items()
+             for c in v.get("stuck", [])]
+    add("stuck", "parameters that never move in a chain after warm-up (its ESS and R-hat are undefined)",
+        len(stuck), "fail" if stuck else "pass", "pass none", "; ".join(stuck) or None)
     v = field["rhat_max"]
     add("field_rhat", "largest R-hat of the white noise's P(k) bins", v,
         _band(v, lambda x: x < d.rhat_pass, lambda x: x < d.rhat_warn), f"pass < {d.rhat_pass}, warn < {d.rhat_warn}")
@@ -469,16 +473,19 @@ def _distinct(chains: list[Chain]) -> tuple[list[Chain], list[tuple[Path, str]]]
     kept, dropped, seen = [], [], {}
     for c in chains:
         draws = np.stack([np.asarray(c.draws[k], np.float64) for k in sorted(c.draws) if k not in ("draw", "warmup")])
-        key_draws = hashlib.sha256(draws.tobytes()).hexdigest()
+        # chains stuck at the same point (a prior's edge) repeat no one's random numbers: kept, and failed as stuck
+        key_draws = None if all(constant(d) for d in draws) else hashlib.sha256(draws.tobytes()).hexdigest()
         key_seed = ("seed", c.config.get("seed"), c.index)
-        first = seen.get(key_draws) or (seen.get(key_seed) if c.config.get("seed") is not None else None)
+        by_draws = seen.get(key_draws) if key_draws is not None else None
+        first = by_draws or (seen.get(key_seed) if c.config.get("seed") is not None else None)
         if first is not None:
-            why = ("identical draws" if seen.get(key_draws) is not None else
+            why = ("identical draws" if by_draws is not None else
                    f"the same seed ({c.config.get('seed')}) and chain index")
             dropped.append((c.run, f"repeats the chain of {first.run} ({why}): not an independent chain; give each "
                                    f"run its own seed"))
             continue
-        seen.setdefault(key_draws, c)
+        if key_draws is not None:
+            seen.setdefault(key_draws, c)
         seen.setdefault(key_seed, c)
         kept.append(c)
     return kept, dropped
@@ -509,6 +516,11 @@ def run_diagnose(cfg, resolved: dict, run_dir: Path, log: logging.Logger) -> dic
     chains, dropped = load(runs)
     for d in dropped:
         log.warning("dropped %s: %s", d["run"], d["reason"])
+    notes: list[str] = []
+    if cfg.diagnose.figures:  # the truth is read (and a named mock= checked) before anything is written
+        from fli.infer.diagnose_fields import truth_of  # noqa: PLC0415
+
+        obs = truth_of(chains[0].config, notes, chains[0].observation, cfg.mock)
     report, idata = diagnose_chains(chains, cfg.diagnose)
     n = report["draws_per_chain"]
     report["runs"] = chain_table(chains, n)
@@ -524,8 +536,7 @@ def run_diagnose(cfg, resolved: dict, run_dir: Path, log: logging.Logger) -> dic
         from fli.infer.diagnose_fields import figure_data  # noqa: PLC0415
         from fli.infer.diagnose_figures import figures  # noqa: PLC0415
 
-        notes: list[str] = []
-        data = figure_data(idata, chains, cfg.diagnose, notes)
+        data = figure_data(idata, chains, cfg.diagnose, notes, obs)
         report["figures"], report["figure_notes"] = figures(
             idata, chains, data, run_dir, log, notes, cfg.diagnose.energy_error_pass), notes
     else:
@@ -569,6 +580,7 @@ def summary_table(report: dict) -> str:
     for c in report["checks"]:
         v = c["value"]
         val = "-" if v is None else (f"{100 * v:.2f}%" if c["check"] in ("divergences", "tree_depth") else f"{v:.4g}")
-        lines.append(f"  {c['verdict'].upper():<5} {c['check']:<20}{val:>10}  ({c['bands']})")
+        at = f" [{c['where']}]" if c.get("where") and c["verdict"] == "fail" else ""
+        lines.append(f"  {c['verdict'].upper():<5} {c['check']:<20}{val:>10}  ({c['bands']}){at}")
     lines.append(f"verdict: {report['verdict'].upper()} (exit status {report['exit_status']})")
     return "\n".join(lines)

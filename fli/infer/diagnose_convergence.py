@@ -36,9 +36,24 @@ def convergence(idata, names: list[str]) -> dict:
         mc_mean = az.mcse(idata, var_names=names, method="mean")
         mc_sd = az.mcse(idata, var_names=names, method="sd")
     post = idata.posterior
-    return {k: {"mean": finite(post[k].mean()), "sd": finite(post[k].std()), "rhat": finite(rhat[k]),
-                "ess_bulk": finite(bulk[k]), "ess_tail": finite(tail[k]), "mcse_mean": finite(mc_mean[k]),
-                "mcse_sd": finite(mc_sd[k])} for k in names}
+    out = {k: {"mean": finite(post[k].mean()), "sd": finite(post[k].std()), "rhat": finite(rhat[k]),
+               "ess_bulk": finite(bulk[k]), "ess_tail": finite(tail[k]), "mcse_mean": finite(mc_mean[k]),
+               "mcse_sd": finite(mc_sd[k]), "stuck": []} for k in names}
+    for k in names:
+        for c in range(post.sizes["chain"]):
+            x = np.asarray(post[k].isel(chain=c).values, np.float64)
+            if constant(x):
+                out[k]["stuck"].append({"chain": c, "value": float(x[0]), "draws": int(x.size)})
+        if out[k]["stuck"]:  # ArviZ reports a constant chain's ESS as its length, and R-hat can pass: neither holds
+            out[k].update(rhat=None, ess_bulk=None, ess_tail=None)
+    return out
+
+
+def constant(x) -> bool:
+    """Whether draws ``x`` never move: a range under 1e-6 of their size (float32 rounding of a
+    derived parameter at a fixed point stays below it; a moving chain's steps are far above)."""
+    x = np.asarray(x, np.float64)
+    return bool(x.size > 1 and np.ptp(x) <= 1e-6 * np.max(np.abs(x)))
 
 
 def field_convergence(idata) -> dict:

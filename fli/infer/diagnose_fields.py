@@ -19,23 +19,42 @@ from __future__ import annotations
 
 import numpy as np
 
+from fli.config import ConfigError
+from fli.fingerprint import short
 from fli.infer.params import names_of_run, with_derived
 from fli.infer.run_store import pooled_running, read_thinned_kappa
 
 
-def truth_of(config: dict, notes: list[str]):
-    """The mock's observation (with its truth) that a run sampled, or None."""
+def truth_of(config: dict, notes: list[str], recorded: dict | None = None, mock: str | None = None):
+    """The mock's observation (with its truth) that a run sampled, or None.
+
+    ``mock``: the user's ``mock=`` (a run moved from another machine), else the run's config's.
+    ``recorded``: the run's manifest's observation. A mock whose fingerprint differs from it is
+    not the data the chains saw: refused (ConfigError) where the user named it, else left out
+    with a note, so a path reused for another mock never lends the report a wrong truth."""
     from fli.io import load_observation  # noqa: PLC0415
 
-    mock = config.get("mock")
+    named = mock is not None
+    mock = mock if named else config.get("mock")
     if not mock:
         notes.append("no mock in the run's config.yaml: no truth, no residual maps")
         return None
     try:
-        return load_observation(mock)
+        obs = load_observation(mock)
     except (OSError, ValueError) as e:
+        if named:
+            raise ConfigError(f"mock={mock}: not a readable observation ({e})") from e
         notes.append(f"mock={mock} not readable ({e}): no truth, no residual maps")
         return None
+    want = (recorded or {}).get("fingerprint")
+    if want is not None and obs.fingerprint is not None and obs.fingerprint != want:
+        what = (f"mock={mock} is not the observation the chains sampled (fingerprint {short(obs.fingerprint)}, "
+                f"the run recorded {short(want)} at {(recorded or {}).get('path')})")
+        if named:
+            raise ConfigError(f"{what}: name the mock the run was made with")
+        notes.append(f"{what}: no truth, no residual maps; give fli-diagnose mock=<that observation>")
+        return None
+    return obs
 
 
 def reference_values(obs, names) -> dict | None:
@@ -129,12 +148,11 @@ def residuals(chains, obs, n: int) -> list[dict]:
     return out
 
 
-def figure_data(idata, chains, dcfg, notes: list[str]) -> dict:
+def figure_data(idata, chains, dcfg, notes: list[str], obs) -> dict:
     """Everything the figures need beyond the InferenceData: ``obs`` (or None), ``ref``,
     ``prior_s8``, ``field_pk``, ``pooled`` (running.zarr, or None), ``r_k`` (or None),
-    ``residuals``."""
+    ``residuals``. ``obs``: :func:`truth_of`'s."""
     config = chains[0].config
-    obs = truth_of(config, notes)
     out = {"obs": obs, "ref": reference_values(obs, names_of_run(config)), "pooled": None, "r_k": None,
            "residuals": []}
     try:

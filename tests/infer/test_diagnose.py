@@ -152,7 +152,7 @@ def _saturated(draws, stats, spectra):
 
 
 @pytest.mark.parametrize("change, flagged", [
-    (_stuck, {"rhat", "ess_bulk", "field_rhat"}),
+    (_stuck, {"rhat", "ess_bulk", "stuck", "field_rhat"}),
     (_shifted, {"rhat"}),
     (_divergent, {"divergences"}),
     (_low_bfmi, {"ebfmi"}),
@@ -165,6 +165,58 @@ def test_each_defect_is_flagged(tmp_path, config, change, flagged):
     assert report["verdict"] == "fail" and report["exit_status"] == 4
     healthy_checks = {"divergences", "ebfmi", "tree_depth"} - flagged
     assert all(v[c] == "pass" for c in healthy_checks), v
+
+
+def test_chains_parked_at_one_point_fail_as_stuck_not_as_copies_or_as_mixed(tmp_path, config):
+    # two chains parked at the prior's lower edges, as MCLMC started from the prior did on the
+    # default size (docs/benchmarks.md): ArviZ gives a constant chain an ESS of its length, which
+    # passed, and the second chain was dropped as a copy of the first
+    runs = []
+    for j in range(2):
+        a = healthy(n=500, seed=j)
+        for k, v in (("Omega_c", 0.15), ("sigma8", 0.5), ("Omega_m", 0.199), ("S8", 0.5 * np.sqrt(0.199 / 0.3))):
+            a[0][k][10:] = v
+        runs.append(write_chain(tmp_path / f"c{j}", config, a, seed=j))
+    v, report, _, dropped = verdicts(runs)
+    assert not dropped and report["chains"] == 2
+    assert v["stuck"] == v["ess_bulk"] == v["ess_tail"] == v["rhat"] == "fail"
+    assert all(p["ess_bulk"] is None and p["ess_tail"] is None and p["rhat"] is None for p in report["params"].values())
+    stuck = next(c for c in report["checks"] if c["check"] == "stuck")
+    assert stuck["value"] == 8 and "sigma8 = 0.5 in chain 1 (500 draws)" in stuck["where"]
+
+
+def test_constant_allows_float32_rounding_of_a_derived_parameter_only():
+    from fli.infer.diagnose_convergence import constant
+
+    rng = np.random.default_rng(0)
+    fixed = np.float32(0.199) + np.float32(3e-8) * rng.integers(-1, 2, 500)  # the GPU run's Omega_m: sd 3e-8
+    assert constant(fixed.astype(np.float32)) and constant(np.full(500, 0.15))
+    assert not constant(0.26 + 1e-5 * rng.standard_normal(500))  # a chain that moves, however slowly
+    assert not constant(np.array([0.0, 1e-3])) and constant(np.zeros(3))
+
+
+def test_the_truth_comes_only_from_the_observation_the_chains_sampled(tmp_path):
+    from fli.config import ConfigError
+    from fli.infer.diagnose_fields import truth_of
+    from fli.io import load_observation
+    from tests.io.test_observation import mock_group
+
+    mock_group(tmp_path / "a" / "mock.zarr")
+    mock_group(tmp_path / "b" / "mock.zarr", white_noise=np.zeros((8, 8, 16), np.float32))  # another observation
+    fp = load_observation(tmp_path / "a").fingerprint
+    recorded = {"path": str(tmp_path / "a" / "mock.zarr"), "fingerprint": fp}
+    notes = []
+    assert truth_of({"mock": str(tmp_path / "a")}, notes, recorded).fingerprint == fp and not notes
+    # the run's mock path now holds another observation (a path reused, or a run moved between
+    # machines): no truth, and a note that says why and what to give
+    assert truth_of({"mock": str(tmp_path / "b")}, notes, recorded) is None
+    assert "is not the observation the chains sampled" in notes[0] and "mock=<that observation>" in notes[0]
+    # the user's mock= replaces the run's path, checked the same way; a wrong one is refused
+    assert truth_of({"mock": "/moved/away"}, [], recorded, mock=str(tmp_path / "a")).fingerprint == fp
+    with pytest.raises(ConfigError, match="name the mock the run was made with"):
+        truth_of({"mock": str(tmp_path / "a")}, [], recorded, mock=str(tmp_path / "b"))
+    with pytest.raises(ConfigError, match="not a readable observation"):
+        truth_of({}, [], recorded, mock=str(tmp_path / "nothing"))
 
 
 def test_trees_that_u_turned_at_the_last_doubling_are_not_the_cap(tmp_path, config):
