@@ -287,10 +287,17 @@ def _progress(log, icfg, done, total, draws: Draws, acc: Accum, per_draw, n_div,
         what = (f"tree depth {float(np.mean(info.tree_depth)):.1f} (max {int(np.max(info.tree_depth))}"
                 + (f", {100 * float(np.mean(capped)):.0f}% cut by the cap" if icfg.kernel == "nuts" else "")
                 + f"), accept {float(np.mean(info.accept_prob)):.2f}")
-    log.info("chunk %d: draws %d/%d (warm-up %d/%d), step size %s, %s, divergences after warm-up %d, gradient "
+    params = {k: np.asarray(v, np.float64).reshape(len(np.asarray(v)), -1) for k, v in sorted(draws.params.items())}
+    log.info("chunk %d: draws %d/%d (warm-up %d/%d), %s; step size %s, %s, divergences after warm-up %d, gradient "
              "evaluations %d, %.2f s/draw, %s left", i, done, total, warm, icfg.num_warmup,
+             ", ".join(f"{k} " + " ".join(f"{x:.4g}" for x in v[-1]) for k, v in params.items()),
              " ".join(f"{x:.3g}" for x in steps), what, n_div, int(np.sum(replicated_to_host(acc.grads))), per_draw,
              _fmt_time(left))
+    for c in range(next(iter(params.values())).shape[1] if params else 0):
+        still = [f"{k} = {v[0, c]:.4g}" for k, v in params.items() if v.shape[0] > 1 and np.ptp(v[:, c]) == 0]
+        if still:  # e.g. MCLMC from the prior on the default size: theta ran to its prior's edges (docs/benchmarks.md)
+            log.warning("chain %d did not move in chunk %d (%s): stuck; a start whose field fits the data "
+                        "(init=<fli-map run>, docs/nuts.md) avoids the prior's edges", c, i, ", ".join(still))
 
 
 def _fmt_time(s: float) -> str:

@@ -285,3 +285,28 @@ def test_two_processes_reproduce_the_one_process_mclmc_and_adjusted_mclmc_chains
         fa, fb = (zarr.open_group(str(r / "chunks" / "chunk_00001" / "fields.zarr"), mode="r")["white_noise"][...]
                   for r in (one, two))
         assert fa.shape == (1, 8, 8, 32) and float(np.max(np.abs(fb - fa))) <= 1e-8, kernel
+
+
+def test_the_progress_line_shows_each_chains_parameters_and_warns_of_one_that_stopped(caplog):
+    # On the default size (the GPU run, docs/benchmarks.md) both chains ran to the prior's lower
+    # edges in the warm-up and stayed there; the chunk lines showed only step sizes and energy errors.
+    import logging
+    from types import SimpleNamespace
+
+    from fli.config import InferenceConfig
+    from fli.infer.sample import _progress
+
+    n = 5
+    info = SimpleNamespace(step_size=np.full((n, 2), 3.5), energy_error=np.zeros((n, 2)),
+                           diverging=np.zeros((n, 2), bool))
+    params = {"sigma8": np.stack([np.full(n, 0.5), np.linspace(0.78, 0.82, n)], 1),
+              "Omega_c": np.stack([np.full(n, 0.15), np.linspace(0.25, 0.27, n)], 1)}
+    draws = SimpleNamespace(info=info, params=params)
+    icfg = InferenceConfig(kernel="mclmc", num_warmup=5, num_samples=10)
+    log = logging.getLogger("test-progress")
+    with caplog.at_level(logging.INFO, logger="test-progress"):
+        _progress(log, icfg, 10, 15, draws, SimpleNamespace(grads=np.array([40, 40])), 0.4, 0, 4.0, 1, 0)
+    line = next(r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+    assert "Omega_c 0.15 0.27, sigma8 0.5 0.82" in line
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith("chain 0 did not move in chunk 1 (Omega_c = 0.15, sigma8 = 0.5)")
