@@ -296,8 +296,8 @@ def _progress(log, icfg, done, total, draws: Draws, acc: Accum, per_draw, n_div,
     for c in range(next(iter(params.values())).shape[1] if params else 0):
         still = [f"{k} = {v[0, c]:.4g}" for k, v in params.items() if v.shape[0] > 1 and np.ptp(v[:, c]) == 0]
         if still:  # e.g. MCLMC from the prior on the default size: theta ran to its prior's edges (docs/benchmarks.md)
-            log.warning("chain %d did not move in chunk %d (%s): stuck; a start whose field fits the data "
-                        "(init=<fli-map run>, docs/nuts.md) avoids the prior's edges", c, i, ", ".join(still))
+            log.warning("chain %d did not move in chunk %d (%s): stuck, at a prior's edge if the value is one "
+                        "(docs/nuts.md, Start: large fields)", c, i, ", ".join(still))
 
 
 def _fmt_time(s: float) -> str:
