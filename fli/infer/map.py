@@ -152,11 +152,16 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
         log.info("step %d/%d loss %.6g |grad| %.3g %s %.2f s/step (stage %d)", r.step, mcfg.steps,
                  float(info.loss), float(info.grad_norm), shown, dt, r.history[-1][4])
 
+    predict = jax.jit(post.predict)  # the halo check at each checkpoint and finish() share its program
+
     def save(r: MapRun):
         meta = {"config": resolved, "step": r.step, "history": r.history, "below_tol": r.below_tol,
                 "pdims": list(fwd.grid.pdims), "time": time.time()}
         ckpt.save_checkpoint(ckpt_dir, r.step, _state(r), meta)
         _write_history(run_dir, r)
+        if r.step < mcfg.steps and not converged(r, mcfg):  # finish() checks the last point
+            check_map_halo(predict(r.params)[1], fwd, cfg, f"at step {r.step} of {mcfg.steps} of the MAP",
+                           " (the fit stopped there, not at its end)")
 
     t_run = time.perf_counter()
     run = run_map(post, data, mcfg, run, compiled, opt, pixel_arcmin=pix_arcmin, log=log, on_checkpoint=save,
@@ -165,7 +170,21 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
     if not run.history:
         raise ConfigError(f"inference.map.steps = {mcfg.steps} is not more than the {run.step} steps already done "
                           f"in {run_dir}: raise it to continue")
-    return finish(cfg, run_dir, obs, post, data, run, theta_fixed, log, t_compile=t_compile, t_run=t_run)
+    return finish(cfg, run_dir, obs, post, data, run, theta_fixed, log, t_compile=t_compile, t_run=t_run,
+                  predict=predict)
+
+
+def check_map_halo(aux, fwd, cfg: Config, where: str, after: str = "") -> float:
+    """The largest displacement of a forward's ``aux`` against ``simulation.halo`` (its
+    ``on_overflow`` policy); raises ConfigError naming ``where`` on an overflow."""
+    from fli.painting import check_halo  # noqa: PLC0415
+
+    max_disp = float(np.max(np.asarray(aux.max_disp)))
+    try:
+        check_halo(max_disp, fwd.grid.halo, cfg.simulation.on_overflow)
+    except ValueError as e:
+        raise ConfigError(f"simulation.halo: {where} {e}{after}") from None
+    return max_disp
 
 
 def load_map_field(run_dir, mesh=None):
@@ -186,21 +205,16 @@ def _write_history(run_dir: Path, run: MapRun) -> None:
 
 
 def finish(cfg: Config, run_dir: Path, obs, post: Posterior, data: Data, run: MapRun, theta_fixed, log, *,
-           t_compile: float, t_run: float) -> dict:
+           t_compile: float, t_run: float, predict=None) -> dict:
     """Laplace errors, truth comparisons, outputs and figures of a finished optimisation."""
     from fli.infer import figures  # noqa: PLC0415
     from fli.io import write_arrays  # noqa: PLC0415
-    from fli.painting import check_halo  # noqa: PLC0415
     from fli.sharding import process_allgather  # noqa: PLC0415
 
     mcfg, fwd = cfg.inference.map, post.fwd
     lat = run.params
-    kappa, aux = jax.jit(lambda l: post.predict(l))(lat)
-    max_disp = float(np.max(np.asarray(aux.max_disp)))
-    try:
-        check_halo(max_disp, fwd.grid.halo, cfg.simulation.on_overflow)
-    except ValueError as e:
-        raise ConfigError(f"simulation.halo: at the MAP {e}") from None
+    kappa, aux = (predict or jax.jit(post.predict))(lat)
+    max_disp = check_map_halo(aux, fwd, cfg, "at the MAP")
     u, paux = jax.jit(post.potential_and_aux)(lat, data)
     phys = {k: float(v) for k, v in jax.jit(post.params)(lat.theta).items()}
     hist = history_array(run)

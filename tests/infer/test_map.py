@@ -103,6 +103,22 @@ def test_bad_observations_are_refused(small_mock, tmp_path, capsys):
         assert not run.exists()
 
 
+def test_particles_outrunning_the_halo_stop_the_fit_at_the_next_checkpoint(small_mock, tmp_path, capsys, monkeypatch):
+    # At 32x32x128 the MAP's particles outran halos of 4 and 6 cells; fli-map ran its 200 steps
+    # first and only then refused. Here fli.painting's own check runs with a halo of 1e-6 cells,
+    # which any displacement outruns: the fit must stop at its first checkpoint (step 2 of 6).
+    from fli import painting
+
+    real = painting.check_halo
+    monkeypatch.setattr(painting, "check_halo", lambda m, halo, policy="raise": real(m, 1e-6, policy))
+    run = tmp_path / "run"
+    assert map_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", "inference.map.steps=6",
+                     "inference.map.checkpoint_every=2", "inference.map.laplace=false"]) == 2
+    err = capsys.readouterr().err
+    assert "simulation.halo: at step 2 of 6 of the MAP particles moved" in err and "the fit stopped there" in err
+    assert len((run / "loss_history.csv").read_text().splitlines()) == 1 + 2 and not (run / "map.json").exists()
+
+
 def test_truth_metrics_need_a_truth(small_mock, tmp_path, capsys):
     from fli.io import load_observation, write_observation
 
