@@ -205,15 +205,16 @@ def _write_history(run_dir: Path, run: MapRun) -> None:
 
 
 def finish(cfg: Config, run_dir: Path, obs, post: Posterior, data: Data, run: MapRun, theta_fixed, log, *,
-           t_compile: float, t_run: float, predict=None) -> dict:
-    """Laplace errors, truth comparisons, outputs and figures of a finished optimisation."""
+           t_compile: float, t_run: float, predict) -> dict:
+    """Laplace errors, truth comparisons, outputs and figures of a finished optimisation;
+    ``predict``: the jitted ``post.predict`` of the fit's halo checks."""
     from fli.infer import figures  # noqa: PLC0415
     from fli.io import write_arrays  # noqa: PLC0415
     from fli.sharding import process_allgather  # noqa: PLC0415
 
     mcfg, fwd = cfg.inference.map, post.fwd
     lat = run.params
-    kappa, aux = (predict or jax.jit(post.predict))(lat)
+    kappa, aux = predict(lat)
     max_disp = check_map_halo(aux, fwd, cfg, "at the MAP")
     u, paux = jax.jit(post.potential_and_aux)(lat, data)
     phys = {k: float(v) for k, v in jax.jit(post.params)(lat.theta).items()}
