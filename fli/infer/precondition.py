@@ -114,6 +114,46 @@ def residual_flat(post: Posterior):
     return res
 
 
+
+def jtj_operator(post: Posterior) -> Callable:
+    """``(zs [K, size], data, ad) -> (v -> mean_k J_k^T J_k v)``: the Gauss-Newton operator with
+    the forward linearised once at the points ``zs`` (laplace.gauss_newton_hvp's two routes:
+    ``ad="forward"``, or ``"reverse"`` only where the forward has a custom_vjp, which JAX's
+    forward mode refuses). Traceable; each product is 2 gradient evaluations a point."""
+    res = residual_flat(post)
+    res_at = lambda zs, data: jax.vmap(lambda z: res(z, data))(zs)
+
+    def operator(zs, data, ad):
+        many = lambda v: jnp.broadcast_to(v, zs.shape)
+        if ad == "forward":
+            _, jvp = jax.linearize(lambda x: res_at(x, data), zs)
+            jt = jax.linear_transpose(jvp, zs)
+            return lambda v: jnp.mean(jt(jvp(many(v)))[0], axis=0)
+        r0, vjp = jax.vjp(lambda x: res_at(x, data), zs)
+        jv = jax.linear_transpose(lambda u: vjp(u)[0], r0)
+        return lambda v: jnp.mean(vjp(jv(many(v))[0])[0], axis=0)
+
+    return operator
+
+
+def check_ad(ad: str) -> None:
+    if ad not in ("auto", "forward", "reverse"):
+        raise ValueError(f"ad must be 'auto', 'forward' or 'reverse', got {ad!r}")
+
+
+def call_with_ad(programs: dict, ad: str, *args):
+    """``(programs[ad](*args), the route taken)``: ``ad="auto"`` tries ``"forward"`` and falls
+    back to ``"reverse"`` where JAX refuses forward mode through a custom_vjp (refused while
+    tracing, before anything ran, so the arguments are intact)."""
+    route = "forward" if ad == "auto" else ad
+    try:
+        return programs[route](*args), route
+    except TypeError as e:
+        if ad != "auto" or not _is_custom_vjp_refusal(e):
+            raise
+        return programs["reverse"](*args), "reverse"
+
+
 # --------------------------------------------------------------------------- Lanczos
 
 
@@ -209,20 +249,7 @@ def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging
     if k < rank:
         log.info("preconditioner: rank %d capped at %d, the rank J^T J can have (map values + parameters)", rank, k)
     res = residual_flat(post)
-    res_at = lambda zs, data: jax.vmap(lambda z: res(z, data))(zs)
-
-    def operator(zs, data, ad):
-        """``v -> mean_k J_k^T J_k v`` with the forward linearised once at the points ``zs``
-        (laplace.gauss_newton_hvp's two routes: forward, or reverse only where the forward has
-        a custom_vjp, which JAX's forward mode refuses)."""
-        many = lambda v: jnp.broadcast_to(v, zs.shape)
-        if ad == "forward":
-            _, jvp = jax.linearize(lambda x: res_at(x, data), zs)
-            jt = jax.linear_transpose(jvp, zs)
-            return lambda v: jnp.mean(jt(jvp(many(v)))[0], axis=0)
-        r0, vjp = jax.vjp(lambda x: res_at(x, data), zs)
-        jv = jax.linear_transpose(lambda u: vjp(u)[0], r0)
-        return lambda v: jnp.mean(vjp(jv(many(v))[0])[0], axis=0)
+    operator = jtj_operator(post)
 
     @jax.jit
     def start(key, z, data):
@@ -236,21 +263,13 @@ def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging
     # one program for every call: the number of steps is an argument
     programs = {ad: jax.jit(lambda z, data, st, n, ad=ad: lanczos_steps(operator(z, data, ad), st, n),
                             donate_argnums=2) for ad in ("forward", "reverse")}
-    if ad not in ("auto", "forward", "reverse"):
-        raise ValueError(f"ad must be 'auto', 'forward' or 'reverse', got {ad!r}")
-    fallback, ad = ad == "auto", "forward" if ad == "auto" else ad
+    check_ad(ad)
     t0 = time.perf_counter()
     st = start(key, at[0], data)
     done = 0
     while done < k:
         n = min(chunk, k - done)
-        try:
-            st = programs[ad](at, data, st, jnp.int32(n))
-        except TypeError as e:  # refused while tracing, before anything ran: st is intact
-            if not fallback or ad != "forward" or not _is_custom_vjp_refusal(e):
-                raise
-            ad = "reverse"
-            st = programs[ad](at, data, st, jnp.int32(n))
+        st, ad = call_with_ad(programs, ad, at, data, st, jnp.int32(n))
         done += n
         jax.block_until_ready(st.alpha)
         log.info("preconditioner: Lanczos step %d/%d (%.1f s)", done, k, time.perf_counter() - t0)
