@@ -29,6 +29,10 @@ PLACEMENT = ("run_dir", "progress", "compilation_cache", "distributed", "name")
 # fli-diagnose's keys: they do not change a chain or a MAP (a checkpoint written before they
 # existed lacks them)
 DIAGNOSE = ("diagnose", "runs", "sweep")
+# how the model is computed, not what it is: the gradients' route, and the halo (the padding each
+# device paints its particles into; the same forward wherever they fit, and a halo too small stops
+# the run: it is raised by a resume)
+MODEL_NEUTRAL = ("simulation.adjoint", "simulation.halo", "simulation.on_overflow")
 # fli-nuts's keys, which fli-map ignores
 SAMPLER = tuple(f"inference.{k}" for k in ("kernel", "num_warmup", "num_samples", "max_tree_depth", "num_steps",
                                            "step_size", "target_accept", "chunk", "field_thin", "init_redraw",
@@ -38,22 +42,22 @@ SAMPLER = tuple(f"inference.{k}" for k in ("kernel", "num_warmup", "num_samples"
 # a fli-nuts run resumed or extended: more draws, another start or another MAP config
 # (the observation is compared by its fingerprint, fli/manifest.py, not by the spelling of its path)
 SAMPLING_MAY_CHANGE = ("inference.num_samples", "inference.map", *PLACEMENT, "init", "inference.init_redraw",
-                       *DIAGNOSE, "mock")
+                       *DIAGNOSE, "mock", *MODEL_NEUTRAL)
 # a fli-map run resumed: a larger budget, other stopping and reporting settings
 MAP_MAY_CHANGE = ("inference.map.steps", "inference.map.tol", "inference.map.patience",
                   "inference.map.checkpoint_every", "inference.map.laplace", "inference.map.cg_tol",
                   "inference.map.cg_maxiter", "inference.map.compare_truth", "inference.map.estimator",
                   "inference.map.muse.iterations", "inference.map.muse.spread", *SAMPLER, *DIAGNOSE, "init",
-                  *PLACEMENT, "mock")
+                  *PLACEMENT, "mock", *MODEL_NEUTRAL)
 # chains of one posterior: the start differs between chains on purpose (R-hat compares chains
 # from spread starts), and both sampler layouts sample the same posterior
 CHAINS_MAY_DIFFER = ("seed", *PLACEMENT, "init", "inference.num_samples", "inference.num_warmup",
                      "inference.chunk", "inference.field_thin", "inference.init_redraw", "inference.map",
                      "inference.chains_per_run", "inference.sampler", "inference.precondition",
-                     "inference.precondition_rank", "inference.precondition_points", *DIAGNOSE, "mock")
+                     "inference.precondition_rank", "inference.precondition_points", *DIAGNOSE, "mock",
+                     *MODEL_NEUTRAL)
 # what defines the posterior a MAP or a chain belongs to
 MODEL_PARTS = ("simulation", "lensing", "survey", "prior")
-MODEL_NEUTRAL = ("simulation.adjoint",)  # how gradients are taken does not change the posterior
 
 # sampler keys that only some kernels read: a run of another kernel resumes (and its chains
 # combine) whatever they hold. Adjusted MCLMC tunes its step to an acceptance rate, not to an

@@ -161,7 +161,8 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
         _write_history(run_dir, r)
         if r.step < mcfg.steps and not converged(r, mcfg):  # finish() checks the last point
             check_map_halo(predict(r.params)[1], fwd, cfg, f"at step {r.step} of {mcfg.steps} of the MAP",
-                           " (the fit stopped there, not at its end)")
+                           f" (the fit stopped there, not at its end; the same command with a larger "
+                           f"simulation.halo resumes it from step {r.step})")
 
     t_run = time.perf_counter()
     run = run_map(post, data, mcfg, run, compiled, opt, pixel_arcmin=pix_arcmin, log=log, on_checkpoint=save,

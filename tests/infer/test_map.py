@@ -1,6 +1,7 @@
 """fli-map as a user runs it: a small mock, the MAP, its outputs, bad input, SIGKILL and resume."""
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -103,7 +104,8 @@ def test_bad_observations_are_refused(small_mock, tmp_path, capsys):
         assert not run.exists()
 
 
-def test_particles_outrunning_the_halo_stop_the_fit_at_the_next_checkpoint(small_mock, tmp_path, capsys, monkeypatch):
+def test_particles_outrunning_the_halo_stop_the_fit_at_the_next_checkpoint(small_mock, tmp_path, capsys, monkeypatch,
+                                                                          caplog):
     # At 32x32x128 the MAP's particles outran halos of 4 and 6 cells; fli-map ran its 200 steps
     # first and only then refused. Here fli.painting's own check runs with a halo of 1e-6 cells,
     # which any displacement outruns: the fit must stop at its first checkpoint (step 2 of 6).
@@ -116,7 +118,16 @@ def test_particles_outrunning_the_halo_stop_the_fit_at_the_next_checkpoint(small
                      "inference.map.checkpoint_every=2", "inference.map.laplace=false"]) == 2
     err = capsys.readouterr().err
     assert "simulation.halo: at step 2 of 6 of the MAP particles moved" in err and "the fit stopped there" in err
+    assert "a larger simulation.halo resumes it from step 2" in err
     assert len((run / "loss_history.csv").read_text().splitlines()) == 1 + 2 and not (run / "map.json").exists()
+    # the halo is how the forward is computed, not which posterior it is: the same run resumes
+    # with a larger one (here the real check again) and finishes its 6 steps from step 2
+    monkeypatch.setattr(painting, "check_halo", real)
+    caplog.set_level(logging.INFO, logger="fli")
+    assert map_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", "inference.map.steps=6",
+                     "inference.map.checkpoint_every=2", "inference.map.laplace=false", "simulation.halo=3"]) == 0
+    assert "resuming from the checkpoint of step 2" in caplog.text
+    assert len((run / "loss_history.csv").read_text().splitlines()) == 1 + 6 and (run / "map.json").exists()
 
 
 def test_truth_metrics_need_a_truth(small_mock, tmp_path, capsys):
