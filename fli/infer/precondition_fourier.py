@@ -37,7 +37,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -46,7 +45,6 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fli.config import ConfigError
 from fli.fft import box3
 from fli.infer.model import Data, Posterior
 from fli.sharding import AXES
@@ -202,33 +200,3 @@ def build_fourier(post: Posterior, data: Data, ref, probes: int, key, log: loggi
              "(k_perp, k_par) bin up to %.3g, above 1 (the data's) in %d of %d bins", probes, seconds, 2 * probes,
              info["table_max"], info["bins_data_dominated"], math.prod(shape))
     return pre, info
-
-
-# --------------------------------------------------------------------------- stored with the run
-
-
-def save_fourier(path: Path, post: Posterior, pre: FourierDiag, info: dict) -> None:
-    """Write ``pre`` (its centre as (theta, field), layout-independent, and the table) and
-    mark it complete last."""
-    from fli.io import mark_complete, write_arrays  # noqa: PLC0415
-
-    theta, field = jax.jit(post.layout.unpack)(pre.ref)
-    write_arrays(path, {"ref_theta": np.asarray(theta), "ref_field": field, "table": np.asarray(pre.table)}, info)
-    mark_complete(path, info)
-
-
-def load_fourier(path: Path, post: Posterior) -> tuple[FourierDiag, dict]:
-    """:class:`FourierDiag` saved by :func:`save_fourier`, placed on this run's layout."""
-    import zarr  # noqa: PLC0415
-
-    from fli.io import read_array  # noqa: PLC0415
-
-    mesh = post.fwd.grid.mesh
-    root = zarr.open_group(str(path), mode="r")
-    get = lambda name: read_array(root[name], mesh, 0, where=f"{path}/{name}")
-    table = np.asarray(root["table"])
-    if table.shape != table_shape(post):
-        raise ConfigError(f"{path}: a Fourier table of shape {list(table.shape)}, this grid's is "
-                          f"{list(table_shape(post))}: it was built for another simulation.mesh")
-    ref = jax.jit(post.layout.pack)(jnp.asarray(get("ref_theta")), get("ref_field"))
-    return FourierDiag(ref, jax.device_put(jnp.asarray(table, ref.dtype), NamedSharding(mesh, P()))), dict(root.attrs)
