@@ -85,6 +85,7 @@ class Chain:
     seconds0: float
     notes: list[str]
     observation: dict | None = None  # the run's manifest's observation (path, fingerprint)
+    warmup_draws: dict | None = None  # the warm-up draws' parameters [n_warmup], for the warm-up trace
 
     @property
     def index(self) -> int:
@@ -175,6 +176,7 @@ def read_chain(run: Path) -> Chain | str:
                      if k in c["spectra"]},
                  k=np.asarray(c["spectra"]["k"]), n_warmup=int(warm.sum()), num_warmup=num_warmup, chunks=used,
                  grads0=grads0, seconds0=seconds0, notes=notes,
+                 warmup_draws={k: np.asarray(v)[warm] for k, v in c["draws"].items()},
                  observation=(read_manifest(run) or read_manifest(run.parent) or {}).get("observation"))
 
 

@@ -1,7 +1,8 @@
 """Figures of ``fli-diagnose`` (matplotlib, Agg; one process): each draws what
 :mod:`fli.infer.diagnose_fields` computed, and nothing else.
 
-ArviZ draws the trace, rank, pair (divergences, a mock's truth) and energy plots; MCLMC chains,
+ArviZ draws the trace, rank, pair (divergences, a mock's truth) and energy plots, and fli its own
+trace of every draw with the warm-up shaded; MCLMC chains,
 which have no Hamiltonian energy, get their energy error per transition instead. The others:
 the S8 posterior against its prior, the white noise's P(k) of the draws against the prior
 expectation, and with ``running.zarr`` and a mock's truth the posterior mean and standard
@@ -54,6 +55,8 @@ def figures(idata, chains, data: dict, run_dir: Path, log: logging.Logger, notes
     arviz_fig("trace", lambda: az.plot_trace(idata, var_names=names, compact=False, divergences="bottom",
                                              figsize=(11, 2.2 * len(names)),
                                              backend_kwargs={"constrained_layout": True}))
+    if any(c.warmup_draws and c.n_warmup for c in chains):
+        draw("warmup_trace", lambda: warmup_trace(chains, names, run_dir / "warmup_trace.png"))
     arviz_fig("rank", lambda: az.plot_rank(idata, var_names=names, figsize=(11, 2.6 * ((len(names) + 1) // 2)),
                                            backend_kwargs={"constrained_layout": True}))
     pair = [n for n in names if n != "Omega_m"]  # Omega_m = Omega_c + Omega_b: a line against Omega_c
@@ -94,6 +97,25 @@ def figures(idata, chains, data: dict, run_dir: Path, log: logging.Logger, notes
     for n_ in notes:
         log.info("figures: %s", n_)
     return out
+
+
+def warmup_trace(chains, names, path: Path) -> Path:
+    """Every draw of each chain, warm-up included (shaded), one panel a parameter: a chain that
+    ran to a prior's edge during its warm-up and stayed there shows here, not in ``trace.png``
+    (post-warm-up draws only)."""
+    plt = pyplot()
+    fig, axes = plt.subplots(len(names), 1, figsize=(11, 1.9 * len(names)), sharex=True, squeeze=False,
+                             constrained_layout=True)
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        for j, c in enumerate(chains):
+            x = np.concatenate([np.asarray(c.warmup_draws.get(name, [])), np.asarray(c.draws[name])])
+            ax.plot(np.arange(x.size), x, lw=0.7, color=f"C{j % 10}", label=f"chain {j}")
+        ax.axvspan(0, max(c.n_warmup for c in chains), color="0.9", zorder=0)
+        ax.set_ylabel(name)
+    axes[0, 0].set_title("every draw; shaded: warm-up", fontsize=10)
+    axes[0, 0].legend(fontsize=7, ncols=min(len(chains), 8), loc="upper right")
+    axes[-1, 0].set_xlabel("draw")
+    return save_figure(fig, path)
 
 
 def s8_prior(idata, prior: np.ndarray, ref, path: Path) -> Path:

@@ -93,6 +93,20 @@ def verdicts(runs):
     return {c["check"]: c["verdict"] for c in report["checks"]}, report, idata, dropped
 
 
+def test_a_chain_keeps_its_warm_up_draws_for_the_warm_up_trace(tmp_path, config):
+    """trace.png shows post-warm-up draws only, so a chain that fell to a prior's edge in its
+    warm-up and stayed there showed flat lines with no history: the chain keeps its warm-up
+    draws, in order, for warmup_trace.png."""
+    from fli.infer.diagnose_figures import warmup_trace
+
+    arrays = healthy(n=40, seed=0, warmup=10)
+    chain = dg.read_chain(write_chain(tmp_path / "c", config, arrays, chunk=20))
+    assert chain.n_warmup == 10 and chain.draws["sigma8"].size == 40
+    np.testing.assert_array_equal(chain.warmup_draws["sigma8"], arrays[0]["sigma8"][:10])
+    np.testing.assert_array_equal(chain.warmup_draws["draw"], np.arange(10))
+    assert warmup_trace([chain], ["Omega_c", "sigma8"], tmp_path / "w.png").is_file()
+
+
 def test_healthy_chains_pass_every_check(tmp_path, config):
     v, report, _, dropped = verdicts(four(tmp_path, config))
     assert set(v.values()) == {"pass"}, v
@@ -434,7 +448,7 @@ def test_command_writes_report_and_exit_status(tmp_path, config, capsys):
     assert "verdict: PASS (exit status 0)" in text and len(text.splitlines()) < 40  # one screen
     rep = json.loads((out / "diagnostics.json").read_text())
     assert rep["verdict"] == "pass" and (out / "chains.nc").is_file()
-    for name in ("trace", "rank", "pair", "energy", "s8_prior", "field_pk"):
+    for name in ("trace", "warmup_trace", "rank", "pair", "energy", "s8_prior", "field_pk"):
         assert (out / f"{name}.png").is_file(), rep["figure_notes"]
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") == len(rep["figures"]) and "src=\"http" not in page
