@@ -2,7 +2,8 @@
 
 Each draw is one kernel ``step`` per chain (``jax.vmap`` over the chain axis), followed by the
 draw's outputs: the parameters, the kernel's :class:`~fli.infer.sampler.StepInfo`, the running
-count of gradient evaluations and the spectra of :func:`fli.infer.summaries.draw_spectra`. The
+count of gradient evaluations, the spectra of :func:`fli.infer.summaries.draw_spectra` and the
+largest particle displacement (checked against the halo after the chunk). The
 white noise and kappa of every ``thin``-th draw are returned for ``fields.zarr``, and the
 post-warm-up draws update Welford running moments of both (:class:`Accum`), checkpointed with
 the kernel state. The program is compiled once per chunk length and donates its state.
@@ -47,6 +48,7 @@ class Draws(NamedTuple):
     pk_s: jax.Array
     pk_lin: jax.Array
     proj: jax.Array  # the field's data-constrained projections [K] (fli.infer.projections); [0] without
+    max_disp: jax.Array  # the draw's largest transverse particle displacement, cells (0: no particles)
 
 
 def _welford(acc: Accum, s, kappa, w) -> Accum:
@@ -72,13 +74,13 @@ def make_chunk(kernel: Kernel, post: Posterior, n: int, thin: int, num_warmup: i
     def one_chain(state, acc, data, proj):
         state, info = kernel.step(state, data)
         theta, s = kernel.latents(state, data)
-        kappa, _ = post.predict(Latents(theta, s))
+        kappa, aux = post.predict(Latents(theta, s))
         w = (kernel.iteration(state) > num_warmup).astype(jnp.int32)
         acc = _welford(acc, s, kappa, w)
         acc = acc._replace(grads=acc.grads + info.num_steps.astype(jnp.int32))
         pk_s, pk_lin = draw_spectra(post, theta, s, kedges)
         p = project(proj, post.layout.pack(theta, s)) if proj is not None else jnp.zeros((0,), s.dtype)
-        out = Draws(post.params(theta), info, acc.grads, pk_s, pk_lin, p)
+        out = Draws(post.params(theta), info, acc.grads, pk_s, pk_lin, p, jnp.max(aux.max_disp))
         return state, acc, out, s, kappa
 
     s_sh = NamedSharding(grid.mesh, P(None, *grid.sharding.spec))

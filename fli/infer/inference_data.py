@@ -25,7 +25,7 @@ from fli.infer.run_store import POSTERIOR_NC, read_chunks
 from fli.sharding import replicated_to_host
 
 STAT_KEYS = ("diverging", "energy", "potential_energy", "tree_depth", "n_steps", "step_size", "acceptance_rate",
-             "energy_error", "turning", "gradient_evals", "lp")  # energy_error, turning: absent from older runs
+             "energy_error", "turning", "gradient_evals", "lp", "max_disp")  # the last 3: absent from older runs
 SPECTRA = ("pk_white_noise", "pk_linear")
 PROJECTIONS = "projections"  # spectra.npz's data-constrained projections of each draw [n, K], where recorded
 

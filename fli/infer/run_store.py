@@ -174,7 +174,7 @@ def write_chunk(run_dir: Path, i: int, first_draw: int, num_warmup: int, draws, 
              "n_steps": host(info.num_steps), "step_size": host(info.step_size),
              "acceptance_rate": host(info.accept_prob), "mean_accept_prob": host(info.mean_accept_prob),
              "energy_error": host(info.energy_error), "turning": host(info.turning),
-             "gradient_evals": host(draws.grads), "seconds": seconds}
+             "gradient_evals": host(draws.grads), "max_disp": host(draws.max_disp), "seconds": seconds}
     savez(tmp / "stats.npz", draw=idx, **stats)
     proj = host(draws.proj)
     savez(tmp / "spectra.npz", draw=idx, k=np.asarray(k), pk_white_noise=host(draws.pk_s), pk_linear=host(draws.pk_lin),

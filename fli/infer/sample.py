@@ -33,6 +33,7 @@ from fli.infer.config_keys import SAMPLING_MAY_CHANGE, check_resumable
 from fli.infer.inference_data import kappa_summary, write_combined_inference_data, write_inference_data
 from fli.infer.kernels import make_kernel
 from fli.infer.layout import FLAT_SPEC
+from fli.infer.map import check_map_halo
 from fli.infer.model import Posterior
 from fli.infer.params import reported_names
 from fli.infer.precondition import Preconditioned, linearised_start, preconditioner_of
@@ -207,6 +208,10 @@ def run_chains(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger, 
         dt = time.perf_counter() - tc
         seconds = seconds0 + dt * (np.arange(1, n + 1) / n)
         host = jax.tree.map(replicated_to_host, draws)  # replicated per-draw scalars [n, chains]
+        # particles beyond the halo were painted in the wrong cells: stop before this chunk is kept
+        check_map_halo(host, post.fwd, cfg, f"in draws {done + 1}-{done + n} of the chain(s)",
+                       f" (the run stopped before keeping them; the same command with a larger simulation.halo "
+                       f"resumes it after draw {done})")
         for c, d in enumerate(chain_dirs):
             f_c = None if fields is None else (take_chain(fields[0], c, 1, s_spec), take_chain(fields[1], c, 1, k_spec))
             write_chunk(d, i, done, icfg.num_warmup, jax.tree.map(lambda x, c=c: x[:, c], host), f_c,

@@ -41,6 +41,8 @@ def test_a_chain_writes_its_chunks_and_inference_data(chain):
     np.testing.assert_array_equal(st["gradient_evals"], 1 + np.cumsum(st["n_steps"]))
     assert np.all((st["acceptance_rate"] >= 0) & (st["acceptance_rate"] <= 1))
     assert np.all(np.diff(st["seconds"]) >= 0)
+    # each draw's largest particle displacement (PM forward): checked against the halo of 2 cells
+    assert np.all((st["max_disp"] > 0) & (st["max_disp"] < 2))
     # spectra per draw: white noise ~ the cell volume (P = V/N), positive for the linear field
     sp = c["spectra"]
     assert sp["pk_white_noise"].shape == (12, sp["k"].size) and np.all(sp["pk_linear"] > 0)
@@ -48,7 +50,7 @@ def test_a_chain_writes_its_chunks_and_inference_data(chain):
     idata = az.from_netcdf(chain / "posterior.nc")
     assert idata.posterior.sizes["draw"] == 6 and idata.warmup_posterior.sizes["draw"] == 6
     for name in ("diverging", "energy", "tree_depth", "n_steps", "step_size", "acceptance_rate", "lp",
-                 "gradient_evals"):
+                 "gradient_evals", "max_disp"):
         assert name in idata.sample_stats, name
     np.testing.assert_array_equal(idata.posterior["sigma8"].values[0], d["sigma8"][6:])
     assert "config" in idata.attrs and json.loads(idata.attrs["pdims"]) == [1, 1]
@@ -297,6 +299,34 @@ def test_resuming_with_another_model_config_is_refused(small_mock, chain, tmp_pa
     err = capsys.readouterr().err
     assert "lensing.n_planes" in err
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # nothing changed
+
+
+@pytest.mark.slow(seconds=60)  # 45 s beside two niced studies: two fli-nuts runs, each compiling its chunk
+def test_particles_outrunning_the_halo_stop_the_chain_before_the_chunk_is_kept(small_mock, chain, tmp_path, capsys,
+                                                                              monkeypatch):
+    """The chunk's draws are checked against the halo before anything of the chunk is written
+    (here fli.painting's check runs with a halo of 1e-6 cells, which any displacement outruns);
+    the same command with a larger halo then resumes the run."""
+    from fli import painting
+
+    run = tmp_path / "copy"
+    shutil.copytree(chain, run)
+    # what a chunk writes (the run's config and manifest say what last ran, and are rewritten)
+    kept = lambda: {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and (
+        {"chunks", "checkpoints", "running.zarr"} & set(p.parts) or p.name in ("nuts.json", "posterior.nc"))}
+    before = kept()
+    assert any("chunks" in p.parts for p in before) and (run / "nuts.json") in before
+    real = painting.check_halo
+    monkeypatch.setattr(painting, "check_halo", lambda m, halo, policy="raise": real(m, 1e-6, policy))
+    extend = [*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.num_samples=10"]
+    assert nuts_main(extend) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "simulation.halo: in draws 13-16 of the chain(s) particles moved" in err[0], err
+    assert "a larger simulation.halo resumes it after draw 12" in err[0]
+    assert kept() == before  # no chunk, checkpoint or summary of the refused draws
+    monkeypatch.setattr(painting, "check_halo", real)
+    assert nuts_main([*extend, "simulation.halo=3"]) == 0
+    assert complete_chunks(run) == [0, 1, 2, 3] and json.loads((run / "nuts.json").read_text())["draws"] == 16
 
 
 def test_with_every_checkpoint_damaged_the_run_is_refused_in_one_line_and_nothing_rewritten(small_mock, chain,
