@@ -298,6 +298,7 @@ class MapConfig:
 
 
 INIT_REDRAWS = ("wiener", "none")
+INIT_THETAS = ("auto", "map", "prior", "muse")
 SAMPLERS = ("sharded", "numpyro")
 KERNELS = ("nuts", "hmc", "mclmc", "adjusted_mclmc")
 INTEGRATORS = ("mclachlan", "leapfrog")
@@ -327,6 +328,10 @@ class InferenceConfig:
     chunk: int = 50  # draws per chunk: outputs and a checkpoint after each
     field_thin: int = 50  # every field_thin-th draw's white noise and kappa to zarr; divides chunk
     init_redraw: str = "wiener"  # init=<map dir>: redraw the modes the data leave free ("wiener" | "none")
+    # init=<map dir>: where theta starts: "map" (the joint MAP's, biased), "prior" (a draw), "muse" (a draw
+    # of the run's MUSE estimate and covariance, with the data's field MAP there) | "auto": muse where
+    # the run has a MUSE estimate, else map (prior in a preconditioned latent)
+    init_theta: str = "auto"
     chains_per_run: int = 1  # chains vectorised in one run (one program, jax.vmap); a sweep adds runs
     sampler: str = "sharded"  # latent layout: "sharded" (flat, every device its block) | "numpyro" (NumPyro's own)
     # the latent the kernel moves: "none" (the standardised one) | "lowrank" (z = ref + C^1/2 y, C from
@@ -354,6 +359,8 @@ class InferenceConfig:
         _check(self.chunk % self.field_thin == 0, "inference.field_thin",
                f"a divisor of inference.chunk = {self.chunk}", self.field_thin)
         _check(self.init_redraw in INIT_REDRAWS, "inference.init_redraw", "'wiener' or 'none'", self.init_redraw)
+        _check(self.init_theta in INIT_THETAS, "inference.init_theta", "'auto', 'map', 'prior' or 'muse'",
+               self.init_theta)
         _check(self.chains_per_run >= 1, "inference.chains_per_run", ">= 1", self.chains_per_run)
         _check(self.sampler in SAMPLERS, "inference.sampler", "'sharded' or 'numpyro'", self.sampler)
         _check(self.precondition in PRECONDITIONERS, "inference.precondition", "'none' or 'lowrank'",

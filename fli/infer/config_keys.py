@@ -36,12 +36,14 @@ MODEL_NEUTRAL = ("simulation.adjoint", "simulation.halo", "simulation.on_overflo
 # fli-nuts's keys, which fli-map ignores
 SAMPLER = tuple(f"inference.{k}" for k in ("kernel", "num_warmup", "num_samples", "max_tree_depth", "num_steps",
                                            "step_size", "target_accept", "chunk", "field_thin", "init_redraw",
+                                           "init_theta",
                                            "chains_per_run", "sampler", "integrator", "mclmc_length",
                                            "mclmc_energy_error", "precondition", "precondition_rank",
                                            "precondition_points", "projections"))
 # a fli-nuts run resumed or extended: more draws, another start or another MAP config
 # (the observation is compared by its fingerprint, fli/manifest.py, not by the spelling of its path)
 SAMPLING_MAY_CHANGE = ("inference.num_samples", "inference.map", *PLACEMENT, "init", "inference.init_redraw",
+                       "inference.init_theta",
                        *DIAGNOSE, "mock", *MODEL_NEUTRAL)
 # a fli-map run resumed: a larger budget, other stopping and reporting settings
 MAP_MAY_CHANGE = ("inference.map.steps", "inference.map.tol", "inference.map.patience",
@@ -52,7 +54,8 @@ MAP_MAY_CHANGE = ("inference.map.steps", "inference.map.tol", "inference.map.pat
 # chains of one posterior: the start differs between chains on purpose (R-hat compares chains
 # from spread starts), and both sampler layouts sample the same posterior
 CHAINS_MAY_DIFFER = ("seed", *PLACEMENT, "init", "inference.num_samples", "inference.num_warmup",
-                     "inference.chunk", "inference.field_thin", "inference.init_redraw", "inference.map",
+                     "inference.chunk", "inference.field_thin", "inference.init_redraw", "inference.init_theta",
+                     "inference.map",
                      "inference.chains_per_run", "inference.sampler", "inference.precondition",
                      "inference.precondition_rank", "inference.precondition_points", *DIAGNOSE, "mock",
                      *MODEL_NEUTRAL)

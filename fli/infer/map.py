@@ -188,14 +188,15 @@ def check_map_halo(aux, fwd, cfg: Config, where: str, after: str = "") -> float:
     return max_disp
 
 
-def load_map_field(run_dir, mesh=None):
-    """The MAP white noise of a fli-map run, sharded ``P('x','y')`` over ``mesh`` (each process
-    reading its blocks) or numpy without one."""
+def load_map_field(run_dir, mesh=None, name: str = FIELD_NAME):
+    """The MAP white noise of a fli-map run (``name``: the joint MAP's, or MUSE's field at its
+    estimate), sharded ``P('x','y')`` over ``mesh`` (each process reading its blocks) or numpy
+    without one."""
     import zarr  # noqa: PLC0415
 
     from fli.io import read_array  # noqa: PLC0415
 
-    return read_array(zarr.open_group(str(Path(run_dir) / FIELD_NAME), mode="r")["white_noise"], mesh)
+    return read_array(zarr.open_group(str(Path(run_dir) / name), mode="r")["white_noise"], mesh)
 
 
 def _write_history(run_dir: Path, run: MapRun) -> None:

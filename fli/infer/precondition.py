@@ -114,7 +114,6 @@ def residual_flat(post: Posterior):
     return res
 
 
-
 def jtj_operator(post: Posterior) -> Callable:
     """``(zs [K, size], data, ad) -> (v -> mean_k J_k^T J_k v)``: the Gauss-Newton operator with
     the forward linearised once at the points ``zs`` (laplace.gauss_newton_hvp's two routes:
@@ -392,18 +391,19 @@ def preconditioner_of(cfg: Config, post: Posterior, obs, data: Data, run_dir: Pa
     return pre, info
 
 
-def linearised_start(post: Posterior, pre: LowRank, key) -> tuple[jax.Array, dict]:
+def linearised_start(post: Posterior, pre: LowRank, key, theta_of=None) -> tuple[jax.Array, dict]:
     """A chain's start in the preconditioned latent: ``y ~ N(0, I)``, the linearised
-    posterior's draw around the MAP, with theta then replaced by a draw from its prior (the
-    joint MAP's theta is biased, DESIGN.md). Returns ``y`` and a description."""
+    posterior's draw around the MAP, with theta then replaced (the joint MAP's theta is biased,
+    DESIGN.md) by ``theta_of(key) -> (theta_z, label)`` (:func:`fli.infer.start.start_theta`),
+    by default a draw from its prior. Returns ``y`` and a description."""
     lay = post.layout
     k_y, k_t = jax.random.split(key)
+    theta, label = theta_of(k_t) if theta_of is not None else (jax.random.normal(k_t, (post.prior.n,)), "prior")
 
     @jax.jit
-    def draw(k_y, k_t):
+    def draw(k_y, theta):
         y = jax.lax.with_sharding_constraint(jax.random.normal(k_y, (lay.size,), pre.ref.dtype), lay.sharding)
         _, s = lay.unpack(to_z(pre, y))
-        theta = jax.random.normal(k_t, (post.prior.n,), pre.ref.dtype)
         return to_y(pre, lay.pack(theta, s, y))
 
-    return draw(k_y, k_t), {"redraw": "linearised", "theta": "prior"}
+    return draw(k_y, jnp.asarray(theta, pre.ref.dtype)), {"redraw": "linearised", "theta": label}

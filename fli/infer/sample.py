@@ -52,7 +52,7 @@ from fli.infer.run_store import (
     write_running,
 )
 from fli.infer.sampler import Kernel
-from fli.infer.start import chain_keys, initial_point
+from fli.infer.start import chain_keys, check_init_map, check_init_theta, initial_point, start_theta
 from fli.lensing import KAPPA_SPEC
 from fli.manifest import check_kind, check_same_observation, read_manifest, write_manifest
 from fli.power import default_kedges
@@ -146,10 +146,13 @@ def run_chains(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger, 
                                    last is None, pre if pre_info is not None else None, log)
     if last is None:
         if pre_info is not None:
-            starts = [linearised_start(post, pre, k) for k in k_inits]
+            check_init_theta(cfg)
+            mj = check_init_map(cfg, Path(cfg.init), obs)
+            theta_of = lambda k: start_theta(icfg.init_theta, mj, cfg.init, post, k, "prior")[::2]
+            starts = [linearised_start(post, pre, k, theta_of) for k in k_inits]
             init_desc = {"init": str(cfg.init), **starts[0][1]}
             log.info("start: y ~ N(0, I) in the preconditioned latent (the linearised posterior around the MAP of "
-                     "%s), theta from its prior", cfg.init)
+                     "%s), theta from %s", cfg.init, init_desc["theta"])
         else:
             starts = [initial_point(cfg, post, obs, k, log) for k in k_inits]
             init_desc = starts[0][1]

@@ -95,6 +95,36 @@ def redraw_free_modes(s_map, grid, key):
 
 
 
+def start_theta(how: str, mj: dict, map_dir, post: Posterior, key, otherwise: str):
+    """Where a chain started from the fli-map run ``map_dir`` (its ``map.json`` is ``mj``) takes
+    theta (``inference.init_theta``) and its field: ``(theta_z [n], field store name, label)``.
+
+    * ``map``: the joint MAP's theta (biased: sigma8 several of its widths high, docs/map.md);
+    * ``prior``: a draw of the prior (the standard normal of the latent);
+    * ``muse``: a draw of N(MUSE's estimate, its covariance), in the standardised latent, with
+      the data's field MAP at the estimate (``muse_field.zarr``) where the run wrote one;
+    * ``auto``: ``muse`` where the run has a MUSE estimate, else ``otherwise``.
+    """
+    from fli.infer.map import FIELD_NAME  # noqa: PLC0415
+    from fli.infer.muse_run import FIELD as MUSE_FIELD  # noqa: PLC0415
+    from fli.io import COMPLETE  # noqa: PLC0415
+
+    if how == "auto":
+        how = "muse" if "muse" in mj else otherwise
+    if how == "map":
+        return np.asarray(post.theta_of(mj["params"]), np.float64), FIELD_NAME, "map"
+    if how == "prior":
+        return np.asarray(jax.random.normal(key, (post.prior.n,)), np.float64), FIELD_NAME, "prior"
+    if "muse" not in mj:
+        raise ConfigError(f"inference.init_theta=muse: {map_dir}/{MAP_JSON} holds no MUSE estimate (fit one with "
+                          f"fli-map inference.map.estimator=muse), or set inference.init_theta to auto, map or prior")
+    m = mj["muse"]
+    mean, cov = np.asarray(m["theta_z"], np.float64), np.asarray(m["cov_z"], np.float64)
+    theta = mean + np.linalg.cholesky(cov) @ np.asarray(jax.random.normal(key, mean.shape), np.float64)
+    field = MUSE_FIELD if (Path(map_dir) / MUSE_FIELD / COMPLETE).is_file() else FIELD_NAME
+    return theta, field, "muse"
+
+
 def point_start(path: str, post: Posterior, k_field, k_theta, rest):
     """The flat latent at a given point: ``init=<file>.json`` of parameter values
     (``{"Omega_c": 0.3, "sigma8": 0.8}``) or ``init=<file>.npz`` of parameter values and/or
@@ -151,12 +181,21 @@ def point_start(path: str, post: Posterior, k_field, k_theta, rest):
     return lay.pack(jnp.asarray(theta, grid.jdtype), s, rest), desc
 
 
+def check_init_theta(cfg: Config) -> None:
+    """``inference.init_theta`` other than auto needs ``init=<a fli-map run directory>``."""
+    how = (cfg.init or "prior").strip()
+    if cfg.inference.init_theta != "auto" and (how in ("prior", "truth") or not Path(how).is_dir()):
+        raise ConfigError(f"inference.init_theta={cfg.inference.init_theta} chooses theta from a fli-map run, but "
+                          f"init={how} is none: set init=<a fli-map run directory> or inference.init_theta=auto")
+
+
 def initial_point(cfg: Config, post: Posterior, obs, key, log: logging.Logger):
     """The flat latent the chain starts from and a description of it (for nuts.json)."""
     from fli.sharding import white_noise  # noqa: PLC0415
 
     lay, grid = post.layout, post.fwd.grid
     how = (cfg.init or "prior").strip()
+    check_init_theta(cfg)
     k_field, k_rest = jax.random.split(key)
     rest = jax.jit(lambda k: jax.random.normal(k, (lay.size,), grid.jdtype), out_shardings=lay.sharding)(k_rest)
     if how == "prior":
@@ -176,9 +215,14 @@ def initial_point(cfg: Config, post: Posterior, obs, key, log: logging.Logger):
         raise ConfigError(f"init={how}: not 'prior', 'truth', a point file (.json or .npz) or a fli-map run "
                           f"directory")
     mj = check_init_map(cfg, map_dir, obs)
-    theta = jnp.asarray(post.theta_of(mj["params"]), grid.jdtype)
-    s_map = load_map_field(map_dir, grid.mesh).astype(grid.jdtype)
-    desc = {"init": str(map_dir), "redraw": cfg.inference.init_redraw}
+    theta, field, label = start_theta(cfg.inference.init_theta, mj, map_dir, post, jax.random.fold_in(k_rest, 2),
+                                      "map")
+    theta = jnp.asarray(theta, grid.jdtype)
+    s_map = load_map_field(map_dir, grid.mesh, field).astype(grid.jdtype)
+    desc = {"init": str(map_dir), "redraw": cfg.inference.init_redraw, "theta": label, "field": field}
+    if label != "map":
+        log.info("start: theta from %s (%s), the field from %s/%s", label,
+                 ", ".join(f"{k}={float(v):.4f}" for k, v in post.params(theta).items()), map_dir, field)
     if cfg.inference.init_redraw == "wiener":
         s, w = redraw_free_modes(s_map, grid, k_field)
         desc["wiener_W"] = w

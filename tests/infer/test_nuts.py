@@ -92,6 +92,8 @@ def test_the_running_mean_is_the_mean_of_the_draws(small_mock, tmp_path):
     (["inference.field_thin=3"], "inference.field_thin"),
     (["inference.kernel=mala"], "inference.kernel"),
     (["inference.chains_per_run=0"], "inference.chains_per_run"),
+    (["inference.init_theta=sigma8"], "inference.init_theta"),
+    (["inference.init_theta=muse"], "inference.init_theta=muse chooses theta from a fli-map run, but init=prior"),
 ])
 def test_bad_config_is_refused_and_nothing_written(small_mock, tmp_path, capsys, over, match):
     run = tmp_path / "refused"
