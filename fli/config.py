@@ -327,7 +327,11 @@ class InferenceConfig:
     target_accept: float = 0.8  # dual averaging's target acceptance probability
     chunk: int = 50  # draws per chunk: outputs and a checkpoint after each
     field_thin: int = 50  # every field_thin-th draw's white noise and kappa to zarr; divides chunk
-    init_redraw: str = "wiener"  # init=<map dir>: redraw the modes the data leave free ("wiener" | "none")
+    # init=<map dir>: redraw the modes the data leave free ("wiener") or start at the MAP's field ("none").
+    # "wiener" before 2026-12-04: its |k|-shell W(k) is ~0 in every shell for lensing, so it adds unit
+    # noise to the modes the data fix too, and MCLMC's parameters then ran to the prior's edges
+    # (docs/benchmarks.md, "Where a chain starts")
+    init_redraw: str = "none"
     # init=<map dir>: where theta starts: "map" (the joint MAP's, biased), "prior" (a draw), "muse" (a draw
     # of the run's MUSE estimate and covariance, with the data's field MAP there) | "auto": muse where
     # the run has a MUSE estimate, else map (prior in a preconditioned latent)

@@ -1,8 +1,11 @@
 """Where a chain starts: the prior, the mock's truth, a point file, or a fli-map run's MAP.
 
 :func:`initial_point` returns the flat latent (:mod:`fli.infer.layout`) and a description of
-the start for the run's summary. From a MAP, the modes the data leave free are redrawn
-(:func:`redraw_free_modes`), since a MAP shrinks them towards zero, off the typical set.
+the start for the run's summary. From a MAP the chain starts at its field (``init_redraw=none``,
+the default) or, with ``init_redraw=wiener``, with the modes the data leave free redrawn
+(:func:`redraw_free_modes`); that redraw's |k|-shell W(k) is ~0 for lensing, so it adds noise to
+the modes the data fix as well, and the parameters then ran to the prior's edges
+(scripts/start_collapse.py, docs/benchmarks.md).
 Every start is drawn from the run's seed (:func:`chain_keys`), so a run started again is the
 same chain.
 """
@@ -230,6 +233,6 @@ def initial_point(cfg: Config, post: Posterior, obs, key, log: logging.Logger):
                  "largest scale, %.2f at the smallest)", map_dir, w["W"][0], w["W"][-1])
     else:
         s = s_map
-        log.warning("start: the MAP of %s as it is (inference.init_redraw=none): its unconstrained modes sit near "
-                    "zero, off the typical set, and the warm-up must move them", map_dir)
+        log.info("start: the field of %s as it is (inference.init_redraw=none): the warm-up moves the modes the "
+                 "data leave free off zero", map_dir)
     return lay.pack(theta, s, rest), desc
