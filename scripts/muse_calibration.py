@@ -22,7 +22,10 @@ Reported per parameter (Omega_c, sigma8, S8), over the mocks:
   narrow the prior, so that the check can fail.
 
 Resumable: a mock or an analysis already finished is passed over, and ``fli-map`` resumes its
-own runs (MUSE fit by fit). ``--report-only`` summarises what is there.
+own runs (MUSE fit by fit). ``--report-only`` summarises what is there. ``--keep DIR`` copies each
+finished analysis's ``map.json`` (a few kB) to ``DIR/map_<i>.json`` and counts those as finished
+too: a study that outlives its machine (the study directory is scratch; ``DIR`` is committed)
+resumes at the first mock with no record.
 
     nice -n 19 python scripts/muse_calibration.py --out /work/studies/muse_linear --mocks 50 \\
         --json docs/bench/muse_calibration_linear.json -- \\
@@ -90,11 +93,29 @@ def _claim(out: Path, i: int) -> bool:
     return True
 
 
-def analyse(out: Path, mocks: int, overrides: list[str], core: int = 0) -> None:
+def _records(out: Path, keep: Path | None) -> dict[int, Path]:
+    """Every finished analysis's map.json by mock index: the study directory's, else the kept copy."""
+    found = {int(p.name[4:7]): p for p in sorted(keep.glob("map_*.json"))} if keep else {}
+    found.update({int(p.parent.name[4:7]): p for p in sorted(out.glob("map_*/map.json"))})
+    return dict(sorted(found.items()))
+
+
+def _keep(run: Path, keep: Path | None, i: int) -> None:
+    if keep is None or (keep / f"map_{i:03d}.json").exists():
+        return
+    keep.mkdir(parents=True, exist_ok=True)
+    tmp = keep / f".map_{i:03d}.json.tmp"  # renamed into place: a record is never half-written
+    shutil.copyfile(run / "map.json", tmp)
+    tmp.rename(keep / f"map_{i:03d}.json")
+
+
+def analyse(out: Path, mocks: int, overrides: list[str], core: int = 0, keep: Path | None = None) -> None:
     _, prior = _prior(overrides)
     for i in range(mocks):
         mock, run = out / f"mock_{i:03d}", out / f"map_{i:03d}"
-        if (run / "map.json").exists() or not _claim(out, i):
+        if (run / "map.json").exists():
+            _keep(run, keep, i)  # finished before --keep was given
+        if i in _records(out, keep) or not _claim(out, i):
             continue
         truth = _truth(prior, i)
         t0 = time.time()
@@ -104,6 +125,7 @@ def analyse(out: Path, mocks: int, overrides: list[str], core: int = 0) -> None:
                   f"run_dir={mock}"], out / f"mock_{i:03d}.log", core)
         _run(["fli.cli.map", *overrides, f"mock={mock}", f"run_dir={run}", "inference.map.estimator=muse"],
              out / f"map_{i:03d}.log", core)
+        _keep(run, keep, i)
         print(f"[{time.strftime('%H:%M:%S')}] mock {i}: {time.time() - t0:.0f} s", flush=True)
 
 
@@ -153,14 +175,15 @@ def _muse_physical(prior, muse: dict, truth: dict) -> dict:
             for i, k in enumerate(names) if k in truth}
 
 
-def report(out: Path, overrides: list[str]) -> dict:
+def report(out: Path, overrides: list[str], keep: Path | None = None) -> dict:
     _, prior = _prior(overrides)
-    rows = []
-    for run in sorted(out.glob("map_*/map.json")):
+    rows, index = [], []
+    for i, run in _records(out, keep).items():
         d = json.loads(run.read_text())
         if "muse" not in d or "truth" not in d:
             continue
         rows.append(d)
+        index.append(i)
     m = len(rows)
     if m == 0:
         raise SystemExit(f"no finished analysis under {out}")
@@ -192,6 +215,8 @@ def report(out: Path, overrides: list[str]) -> dict:
                            and abs(p["muse_pull_sd"] - 1) < res["criterion"]["sd_within"])
         res["params"][name] = p
     res["not_converged"] = sum(not r["muse"]["converged"] for r in rows)
+    res["not_converged_mocks"] = [i for i, r in zip(index, rows, strict=True) if not r["muse"]["converged"]]
+    res["mock_indices"] = index
     res["muse_grad_evals_mean"] = float(np.mean([r["muse"]["grad_evals"] for r in rows]))
     res["muse_seconds_mean"] = float(np.mean([r["muse"]["seconds"] for r in rows]))
     return res
@@ -204,12 +229,13 @@ def main(argv=None) -> int:
     ap.add_argument("--core", type=int, default=0, help="the core the commands are pinned to (default 0)")
     ap.add_argument("--json", type=Path, help="write the summary here too")
     ap.add_argument("--report-only", action="store_true", help="summarise the finished analyses; run nothing")
+    ap.add_argument("--keep", type=Path, help="copy each finished analysis's map.json here, and count those as done")
     ap.add_argument("overrides", nargs="*", help="config overrides for both commands (after --)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.report_only:
-        analyse(a.out, a.mocks, a.overrides, a.core)
-    res = report(a.out, a.overrides)
+        analyse(a.out, a.mocks, a.overrides, a.core, a.keep)
+    res = report(a.out, a.overrides, a.keep)
     text = json.dumps(res, indent=1)
     print(text)
     if a.json:
