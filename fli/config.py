@@ -122,6 +122,9 @@ class LensingConfig:
     pgd_kl: float = 0.4
     pgd_ks: float = 1.0
     subparticles: int = 2  # planes=particles: each particle painted as n x n sub-particles (less shot noise)
+    # the likelihood reads each bin's Fourier modes up to this multipole, whitened under the mask
+    # (fli/infer/scale_cut.py); one per source bin; null: every pixel
+    ell_max: Optional[list[float]] = None
 
     def __post_init__(self) -> None:
         _check(_finite(self.fov_deg) and 0 < self.fov_deg < 30, "lensing.fov_deg", "in (0, 30) degrees", self.fov_deg)
@@ -135,6 +138,9 @@ class LensingConfig:
         _check(_finite(self.pgd_mu), "lensing.pgd_mu", "a finite number", self.pgd_mu)
         _check(_finite(self.pgd_kl) and self.pgd_kl >= 0, "lensing.pgd_kl", ">= 0 h/Mpc", self.pgd_kl)
         _check(_finite(self.pgd_ks) and self.pgd_ks > 0, "lensing.pgd_ks", "> 0 h/Mpc", self.pgd_ks)
+        _check(self.ell_max is None or (len(self.ell_max) > 0 and all(_finite(v) and v > 0 for v in self.ell_max)),
+               "lensing.ell_max", "null (every pixel) or a list of positive multipoles, one per source bin",
+               self.ell_max)
 
 
 @dataclass

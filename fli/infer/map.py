@@ -68,7 +68,7 @@ def prepare(cfg: Config, log: logging.Logger, compare_truth: bool = True):
         raise ConfigError(f"inference.map.compare_truth is true but {obs.path} has no truth (kappa_true, "
                           f"white_noise): r(k) and r_ell need a mock; set inference.map.compare_truth=null")
     post = build_posterior(cfg, obs, mesh=mesh, log=log)
-    data = make_data(obs, post.fwd)
+    data = make_data(obs, post.fwd, post.ell_max)
     return obs, post, data
 
 

@@ -24,6 +24,10 @@ model, with deterministic sites for every physical parameter, ``Omega_m`` and
 ``S8 = sigma8 sqrt(Omega_m / 0.3)``. Nothing in it gathers the field: the sums are local
 plus one scalar all-reduce (tests/infer/test_model.py reads the compiled HLO).
 
+With ``lensing.ell_max`` the likelihood reads each bin only through its whitened Fourier
+components up to that multipole (:mod:`fli.infer.scale_cut`): ``r_b = B_b (kappa_b - d_b)``
+replaces the pixel residual, and the rest is unchanged.
+
 Annealing (Modi, Feng & Seljak 2018, arXiv:1805.02247): ``smooth`` [pixels] convolves the
 whitened residual map with a periodic Gaussian of that width before it is squared, so the
 optimiser first fits the large scales. ``smooth = 0`` is the exact likelihood.
@@ -63,12 +67,15 @@ class Data(NamedTuple):
     """The observation as the likelihood reads it (pass it as an argument, never close over it).
 
     kappa_obs: ``[n_bins, npix, npix]`` ``P(None, 'x', 'y')``; weight: same shape and sharding,
-    ``mask / sigma_b`` (0 where masked); sigma: ``[n_bins]`` per-pixel noise (replicated).
+    ``mask / sigma_b`` (0 where masked); sigma: ``[n_bins]`` per-pixel noise (replicated);
+    modes: None (every pixel), or with ``lensing.ell_max`` the whitened Fourier rows
+    ``[n_bins, M, npix, npix]`` ``P(None, None, 'x', 'y')`` (:mod:`fli.infer.scale_cut`).
     """
 
     kappa_obs: Array
     weight: Array
     sigma: Array
+    modes: Array | None = None
 
 
 def smoothing_matrix(n: int, width, dtype=jnp.float32) -> Array:
@@ -99,6 +106,7 @@ class Posterior:
     fwd: ForwardModel
     prior: PriorTransform
     base: Cosmology
+    ell_max: tuple[float, ...] | None = None  # lensing.ell_max, per bin (None: every pixel)
 
     @property
     def layout(self) -> FlatLayout:
@@ -140,23 +148,39 @@ class Posterior:
 
     def residual(self, lat: Latents, data: Data, smooth=None) -> Array:
         """Whitened residual ``mask (kappa - d) / sigma_b`` ``P(None, 'x', 'y')``, optionally
-        smoothed by a Gaussian of ``smooth`` pixels (:func:`smoothing_matrix`)."""
+        smoothed by a Gaussian of ``smooth`` pixels (:func:`smoothing_matrix`); with a scale
+        cut (``data.modes``), the whitened Fourier components ``[n_bins, M]`` (replicated) of
+        the residual, smoothed before it is projected."""
         kappa, _ = self.predict(lat)
         return self._whiten(kappa, data, smooth)
 
     def _whiten(self, kappa, data: Data, smooth):
-        r = (kappa - data.kappa_obs) * data.weight
+        cut = data.modes is not None
+        r = kappa - data.kappa_obs if cut else (kappa - data.kappa_obs) * data.weight
         if smooth is not None:
             g = smoothing_matrix(r.shape[-1], smooth, r.dtype)
             rs = jnp.einsum("ij,bjk,lk->bil", g, r, g)
             r = jnp.where(jnp.asarray(smooth) > 0, rs, r)
+        if cut:  # local products over each device's pixels, one all-reduce of [n_bins, M]
+            return jnp.einsum("bmij,bij->bm", data.modes.astype(r.dtype), r)
         return jax.lax.with_sharding_constraint(r, NamedSharding(self.fwd.grid.mesh, KAPPA_SPEC))
+
+    @property
+    def n_terms(self) -> int:
+        """The likelihood's terms: the map's pixels, or with a scale cut its kept Fourier
+        components (without a mask)."""
+        if self.ell_max is None:
+            return math.prod(self.fwd.kappa_shape)
+        from fli.infer.scale_cut import n_modes  # noqa: PLC0415
+
+        g = self.fwd.geometry
+        return n_modes(g.npix, g.fov_deg, self.ell_max)
 
     @property
     def energy_offset(self) -> float:
         """The constant that ``precise=True`` subtracts from U: the expected 0.5 |s|^2 plus
-        the expected likelihood term, 0.5 (cells + map pixels)."""
-        return 0.5 * (self.fwd.grid.n_cells + math.prod(self.fwd.kappa_shape))
+        the expected likelihood term, 0.5 (cells + the likelihood's terms)."""
+        return 0.5 * (self.fwd.grid.n_cells + self.n_terms)
 
     def potential_and_aux(self, lat: Latents, data: Data, smooth=None, precise: bool = False):
         """``(U, aux)``: the negative log posterior (constants dropped) and the forward's
@@ -172,7 +196,7 @@ class Posterior:
         if precise:
             from fli.infer.energy import offset_sum  # noqa: PLC0415
 
-            like = offset_sum(0.5 * r * r, 0.5 * math.prod(self.fwd.kappa_shape))
+            like = offset_sum(0.5 * r * r, 0.5 * self.n_terms)
             prior = theta2 + offset_sum(0.5 * lat.s * lat.s, 0.5 * self.fwd.grid.n_cells)
         else:
             like = 0.5 * jnp.sum(r * r)
@@ -214,6 +238,10 @@ class Posterior:
         for name, v in self.params(theta).items():
             numpyro.deterministic(name, v)
         kappa, _ = self.fwd(self.cosmology(theta), s)
+        if data.modes is not None:  # the scale cut's Gaussian in whitened components (unit variance)
+            r = self._whiten(kappa, data, None)
+            numpyro.factor("kappa", -0.5 * jnp.sum(r * r))
+            return
         sigma = data.sigma.astype(kappa.dtype)[:, None, None]
         observed = data.weight > 0
         numpyro.sample("kappa", dist.Normal(kappa, sigma).mask(observed).to_event(3), obs=data.kappa_obs)
@@ -226,9 +254,10 @@ class Posterior:
         return Latents(jax.device_put(jnp.zeros((self.prior.n,), g.jdtype), NamedSharding(g.mesh, P())), s)
 
 
-def make_data(obs, fwd: ForwardModel) -> Data:
+def make_data(obs, fwd: ForwardModel, ell_max=None) -> Data:
     """:class:`Data` from an observation (:func:`fli.io.load_observation`), placed on the
-    forward's mesh: each process builds only its blocks."""
+    forward's mesh: each process builds only its blocks. ``ell_max`` (``Posterior.ell_max``):
+    the scale cut's whitened Fourier rows under the observation's mask and noise."""
     mesh = fwd.grid.mesh
     sharding = NamedSharding(mesh, KAPPA_SPEC)
     n_bins, npix, _ = fwd.kappa_shape
@@ -241,7 +270,14 @@ def make_data(obs, fwd: ForwardModel) -> Data:
         kobs = jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
     w = jax.make_array_from_callback(weight.shape, sharding, lambda idx: weight[idx])
     sig = jax.device_put(jnp.asarray(sigma, fwd.grid.jdtype), NamedSharding(mesh, P()))
-    return Data(kobs.astype(fwd.grid.jdtype), w, sig)
+    modes = None
+    if ell_max is not None:
+        from fli.infer.scale_cut import cut_rows  # noqa: PLC0415
+
+        rows = cut_rows(fwd.kappa_shape, fwd.geometry.fov_deg, ell_max, mask, sigma)[0].astype(fwd.grid.dtype)
+        modes = jax.make_array_from_callback(rows.shape, NamedSharding(mesh, P(None, *KAPPA_SPEC)),
+                                             lambda idx: rows[idx])
+    return Data(kobs.astype(fwd.grid.jdtype), w, sig, modes)
 
 
 def build_posterior(cfg: Config, obs=None, mesh=None, log: logging.Logger | None = None) -> Posterior:
@@ -272,4 +308,6 @@ def build_posterior(cfg: Config, obs=None, mesh=None, log: logging.Logger | None
                             p.low, p.high)
     if bins is not None and len(bins) != len(cfg.survey.bins):
         raise ConfigError(f"survey.bins has {len(cfg.survey.bins)} bins, the observation {len(bins)}")
-    return Posterior(fwd, prior, base)
+    from fli.infer.scale_cut import check_ell_max  # noqa: PLC0415
+
+    return Posterior(fwd, prior, base, check_ell_max(cfg.lensing.ell_max, len(fwd.bins)))

@@ -143,7 +143,7 @@ def make_simulator(post: Posterior):
         eps = jax.lax.with_sharding_constraint(jax.random.normal(k_noise, kappa.shape, kappa.dtype), kappa_sharding)
         observed = data.weight > 0
         kobs = jnp.where(observed, kappa + data.sigma.astype(kappa.dtype)[:, None, None] * eps, 0)
-        return Data(kobs, data.weight, data.sigma)
+        return data._replace(kappa_obs=kobs)
 
     return jax.jit(simulate)
 

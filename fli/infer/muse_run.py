@@ -137,7 +137,7 @@ def local_posterior(cfg):
     mesh = make_mesh(local, jax.local_devices()[:local[0] * local[1]])
     obs = load_observation(cfg.mock, mesh)
     post = build_posterior(cfg, obs, mesh=mesh)
-    return post, make_data(obs, post.fwd)
+    return post, make_data(obs, post.fwd, post.ell_max)
 
 
 def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:

@@ -34,7 +34,6 @@ axis, so ``V y`` is ``r`` local dot products and one all-reduce of ``r`` numbers
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -243,7 +242,7 @@ def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging
     vsh = NamedSharding(lay.mesh, VECS_SPEC)
     at = jax.device_put(ref[None], vsh) if at is None else at
     n_at = int(at.shape[0])
-    m = n_at * (math.prod(post.fwd.kappa_shape) + post.prior.n)
+    m = n_at * (post.n_terms + post.prior.n)
     k = int(min(rank, m))
     if k < rank:
         log.info("preconditioner: rank %d capped at %d, the rank J^T J can have (map values + parameters)", rank, k)

@@ -40,7 +40,7 @@ def small_posterior(pdims=(1, 1), extra=(), dtype="float32"):
     sigma = np.array([2e-3, 3e-3])
     noise = np.random.default_rng(1).normal(size=k.shape) * sigma[:, None, None]
     obs = SimpleNamespace(kappa_obs=(k + noise).astype(g.dtype), noise_sigma=sigma, mask=None)
-    return post, make_data(obs, post.fwd), Latents(theta, s)
+    return post, make_data(obs, post.fwd, post.ell_max), Latents(theta, s)
 
 
 def truncate_state(checkpoint):
