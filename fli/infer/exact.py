@@ -64,8 +64,9 @@ def _response_fn(post: Posterior, data: Data):
 
 
 def response(post: Posterior, data: Data, theta_z) -> tuple[np.ndarray, np.ndarray]:
-    """``(A, b)`` at ``theta_z`` on the unmasked pixels: ``A`` ``[m, n]`` (float32) and
-    ``b = W d`` ``[m]``, so that the residual is ``A s - b``."""
+    """``(A, b)`` at ``theta_z`` on the unmasked pixels (with ``lensing.ell_max``, the kept
+    whitened Fourier components): ``A`` ``[m, n]`` (float32) and ``b = W d`` ``[m]``, so that
+    the residual is ``A s - b``."""
     return _Response(post, data)(theta_z)
 
 
@@ -74,14 +75,17 @@ class _Response:
 
     def __init__(self, post: Posterior, data: Data):
         _check_linear(post)
-        m_all = int(np.prod(data.kappa_obs.shape))
+        if data.modes is not None:  # the scale cut: its whitened components, less the zero padding rows
+            self.keep = np.asarray(jax.device_get(jnp.any(data.modes != 0, axis=(2, 3)))).reshape(-1)
+        else:
+            self.keep = np.asarray(jax.device_get(data.weight)).reshape(-1) > 0
+        m_all = int(self.keep.size)
         n = post.fwd.grid.n_cells
         need = m_all * n * np.dtype(post.fwd.grid.dtype).itemsize
         if need > MAX_RESPONSE_BYTES:
             raise ValueError(f"the exact posterior's response matrix would take {need / 1024 ** 3:.1f} GiB "
                              f"({m_all} pixels x {n} cells); it is for configs up to "
                              f"{MAX_RESPONSE_BYTES / 1024 ** 3:.0f} GiB (lensing.npix, simulation.mesh)")
-        self.keep = np.asarray(jax.device_get(data.weight)).reshape(-1) > 0
         self.fn = _response_fn(post, data)
         self.dtype = post.fwd.grid.jdtype
 
