@@ -37,9 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,6 +45,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from study import claim as _claim  # noqa: E402
+from study import run_logged as _run  # noqa: E402
+
 PARAMS = ("Omega_c", "sigma8", "S8")
 
 
@@ -61,36 +63,6 @@ def _prior(overrides: list[str]):
 def _truth(prior, i: int) -> dict[str, float]:
     z = np.random.default_rng(1000 + i).standard_normal(prior.n)
     return {n: float(v) for n, v in zip(prior.names, np.asarray(prior(z)), strict=True)}
-
-
-def _run(cmd: list[str], log: Path, core: int = 0) -> None:
-    env = dict(os.environ, XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
-    full = ["nice", "-n", "19", "taskset", "-c", str(core), sys.executable, "-m", *cmd]
-    with open(log, "a") as f:
-        rc = subprocess.run(full, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        raise SystemExit(f"{' '.join(cmd[:1])} failed with status {rc}; see {log}")
-
-
-def _claim(out: Path, i: int) -> bool:
-    """Take mock ``i`` for this process unless a live driver holds it."""
-    path = out / f"claim_{i:03d}"
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        try:
-            holder = int(path.read_text() or "0")
-        except (OSError, ValueError):
-            holder = 0
-        if holder == os.getpid():
-            return True
-        if holder > 0 and Path(f"/proc/{holder}").exists():
-            return False
-        path.write_text(str(os.getpid()))  # the holder is gone: take it over
-        return True
-    with os.fdopen(fd, "w") as f:
-        f.write(str(os.getpid()))
-    return True
 
 
 def _records(out: Path, keep: Path | None) -> dict[int, Path]:

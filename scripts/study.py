@@ -1,0 +1,44 @@
+"""What the long studies' drivers share: a command run niced on one core, and a mock claimed by
+one of several drivers (scripts/muse_calibration.py, scripts/model_error.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_logged(cmd: list[str], log: Path, core: int = 0) -> None:
+    """``python -m cmd...`` under ``nice -n 19``, pinned to ``core`` and single-threaded, its
+    output appended to ``log``; a failure stops the driver in one line naming the log."""
+    env = dict(os.environ, XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    full = ["nice", "-n", "19", "taskset", "-c", str(core), sys.executable, "-m", *cmd]
+    with open(log, "a") as f:
+        rc = subprocess.run(full, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise SystemExit(f"{' '.join(cmd[:1])} failed with status {rc}; see {log}")
+
+
+def claim(out: Path, i: int) -> bool:
+    """Take item ``i`` of the study in ``out`` for this process unless a live driver holds it
+    (``claim_<i>`` holds the holder's process id; a claim whose process is gone is taken over)."""
+    path = out / f"claim_{i:03d}"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            holder = int(path.read_text() or "0")
+        except (OSError, ValueError):
+            holder = 0
+        if holder == os.getpid():
+            return True
+        if holder > 0 and Path(f"/proc/{holder}").exists():
+            return False
+        path.write_text(str(os.getpid()))  # the holder is gone: take it over
+        return True
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return True
