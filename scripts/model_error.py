@@ -41,7 +41,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from study import claim, run_logged  # noqa: E402
+from study import claim, emit, keep_record, run_logged  # noqa: E402
 
 MOCKS = ("model", "finer")
 REFINE_SEED = 1_000_000  # the finer grid's fresh modes of pair i: numpy seed REFINE_SEED + i
@@ -141,10 +141,7 @@ def analyse(out: Path, pairs: int, overrides: list[str], finer: list[str], ell_m
                 run_logged(["fli.cli.map", *overrides, *extra, f"mock={pair / m}", f"run_dir={run}",
                             "inference.map.estimator=muse"], out / f"{name}.log", core)
                 if keep is not None:
-                    keep.mkdir(parents=True, exist_ok=True)
-                    tmp = keep / f".{name}.json.tmp"  # renamed into place: a record is never half-written
-                    shutil.copyfile(run / "map.json", tmp)
-                    tmp.rename(keep / f"{name}.json")
+                    keep_record(run / "map.json", keep / f"{name}.json")
         print(f"[{time.strftime('%H:%M:%S')}] pair {i}: {time.time() - t0:.0f} s", flush=True)
 
 
@@ -198,10 +195,7 @@ def main(argv=None) -> int:
     if a.mocks_only:
         return 0
     res = report(a.out, a.pairs, a.keep)
-    text = json.dumps(res, indent=1)
-    print(text)
-    if a.json:
-        a.json.write_text(text + "\n")
+    emit(res, a.json)
     return 0
 
 

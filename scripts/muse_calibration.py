@@ -47,6 +47,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from study import claim as _claim  # noqa: E402
+from study import emit, keep_record  # noqa: E402
 from study import run_logged as _run  # noqa: E402
 
 PARAMS = ("Omega_c", "sigma8", "S8")
@@ -73,12 +74,8 @@ def _records(out: Path, keep: Path | None) -> dict[int, Path]:
 
 
 def _keep(run: Path, keep: Path | None, i: int) -> None:
-    if keep is None or (keep / f"map_{i:03d}.json").exists():
-        return
-    keep.mkdir(parents=True, exist_ok=True)
-    tmp = keep / f".map_{i:03d}.json.tmp"  # renamed into place: a record is never half-written
-    shutil.copyfile(run / "map.json", tmp)
-    tmp.rename(keep / f"map_{i:03d}.json")
+    if keep is not None and not (keep / f"map_{i:03d}.json").exists():
+        keep_record(run / "map.json", keep / f"map_{i:03d}.json")
 
 
 def analyse(out: Path, mocks: int, overrides: list[str], core: int = 0, keep: Path | None = None) -> None:
@@ -208,10 +205,7 @@ def main(argv=None) -> int:
     if not a.report_only:
         analyse(a.out, a.mocks, a.overrides, a.core, a.keep)
     res = report(a.out, a.overrides, a.keep)
-    text = json.dumps(res, indent=1)
-    print(text)
-    if a.json:
-        a.json.write_text(text + "\n")
+    emit(res, a.json)
     return 0
 
 

@@ -24,10 +24,14 @@ import argparse
 import dataclasses
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from study import emit  # noqa: E402
 
 
 def _one(post, data, cfg, n: int, seed: int, path: Path) -> dict:
@@ -80,10 +84,7 @@ def main(argv=None) -> int:
                     "all_converged": all(r["converged"] for r in runs)}
     res = {"mock": str(a.mock), "overrides": a.overrides, "repeats": a.repeats, "params": list(post.names),
            "by_n_sims": table}
-    text = json.dumps(res, indent=1)
-    print(text)
-    if a.json:
-        a.json.write_text(text + "\n")
+    emit(res, a.json)
     return 0
 
 

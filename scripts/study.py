@@ -42,3 +42,24 @@ def claim(out: Path, i: int) -> bool:
     with os.fdopen(fd, "w") as f:
         f.write(str(os.getpid()))
     return True
+
+
+def emit(res: dict, path: Path | None) -> None:
+    """A study's summary as JSON on stdout and, with ``path`` (``--json``), in that file."""
+    import json  # noqa: PLC0415
+
+    text = json.dumps(res, indent=1)
+    print(text)
+    if path:
+        Path(path).write_text(text + "\n")
+
+
+def keep_record(src: Path, dst: Path) -> None:
+    """Copy a finished analysis's ``src`` (map.json) to ``dst`` in a committed folder, renamed
+    into place so that a record is never half-written."""
+    import shutil  # noqa: PLC0415
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.copyfile(src, tmp)
+    tmp.rename(dst)
