@@ -1,0 +1,85 @@
+#!/usr/bin/env python
+"""How many optimiser steps MUSE's finite-difference H needs: H with fewer steps per fit, against
+the full budget, on one mock, side by side in one process.
+
+MUSE's H (fli/infer/muse.py, ``finite_difference_h``) refits each simulation's field at
+``theta +- fd_step e_j``, starting from that simulation's MAP at theta, and takes the central
+difference of the scores. On the tiny PM mock it is two thirds of MUSE's gradient evaluations
+(docs/map.md), because each fit runs to ``map_steps``. Here the data's and the simulations' fits
+at ``theta`` run once with ``map_steps``; then H is taken with each ``--steps`` budget from those
+same starting fields. Reported per budget: H, its Monte Carlo standard error over the
+simulations, the difference from the largest budget's H in those errors, MUSE's sds
+``sqrt(diag((H^T J^-1 H + I)^-1))`` with J from the same scores, and the gradient evaluations.
+
+    nice -n 19 python scripts/muse_h_steps.py --mock /tmp/hs/mock --steps 300 100 50 \\
+        --json docs/bench/muse_h_steps_tiny.json -- experiment=tiny survey.sigma_e=0.05 \\
+        inference.map.muse.n_sims=16 inference.map.muse.map_steps=300
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from study import emit  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mock", required=True, help="a fli-mock run directory")
+    ap.add_argument("--steps", type=int, nargs="+", default=[300, 100, 50], help="H's step budgets, largest first")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("overrides", nargs="*")
+    a = ap.parse_args(argv)
+
+    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.infer.map import prepare  # noqa: PLC0415
+    from fli.infer.muse import FieldSolver, Muse  # noqa: PLC0415
+    from fli.infer.muse_result import covariance  # noqa: PLC0415
+
+    log = logging.getLogger("fli")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    cfg, _ = compose([*a.overrides, f"mock={a.mock}"])
+    _, post, data = prepare(cfg, log, compare_truth=False)
+    settings = cfg.inference.map.muse
+    m = Muse(post, data, settings, cfg.inference.map, seed=cfg.seed, log=log)
+    theta = np.zeros(post.prior.n)  # the prior's median, where MUSE starts
+    t0 = time.perf_counter()
+    g_d, g_s = m.scores("at", theta)
+    jm = np.cov(g_s.T).reshape(len(theta), len(theta))
+    out = {"mock": str(a.mock), "overrides": a.overrides, "theta_z": theta.tolist(), "n_sims": settings.n_sims,
+           "scores_grad_evals": m.grad_evals, "scores_seconds": time.perf_counter() - t0, "J": jm.tolist(),
+           "by_steps": {}}
+    ref = None
+    for steps in a.steps:
+        m.solver = FieldSolver(post, cfg.inference.map, steps, settings.gtol)
+        m.cfg = dataclasses.replace(settings, map_steps=steps)
+        e0, t0 = m.grad_evals, time.perf_counter()
+        cols = m.finite_difference_h(f"h{steps}", theta)  # [sim, score component, column]
+        h, se = cols.mean(0), cols.std(0, ddof=1) / np.sqrt(cols.shape[0])
+        row = {"H": h.tolist(), "H_se": se.tolist(), "grad_evals": m.grad_evals - e0,
+               "seconds": time.perf_counter() - t0, "muse_sd_z": np.sqrt(np.diag(covariance(h, jm))).tolist()}
+        if ref is None:
+            ref = cols
+        else:  # the paired difference: the same simulations, so most of their scatter cancels
+            d = cols - ref
+            row["diff_from_first"] = d.mean(0).tolist()
+            row["diff_over_its_se"] = (d.mean(0) / (d.std(0, ddof=1) / np.sqrt(d.shape[0]))).tolist()
+            row["diff_over_H_se"] = (d.mean(0) / se).tolist()
+        out["by_steps"][str(steps)] = row
+        log.info("H with %d steps: %s (se %s), MUSE sd_z %s, %d gradient evaluations", steps,
+                 np.round(h, 3).tolist(), np.round(se, 3).tolist(), np.round(row["muse_sd_z"], 4).tolist(),
+                 row["grad_evals"])
+    emit(out, a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
