@@ -105,6 +105,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     # wall time is what the budget counts; with pytest-xdist's workers (pyproject's addopts) the
     # tests' own times add up to more than it
     wall = time.time() - _started[0] if _started else total
+    _write_durations(config, "slow" if slow else "default", wall)
+    _longest_files(terminalreporter)
     if not slow:
         terminalreporter.write_line(f"time budget: {len(_durations)} tests in {wall:.0f} s of wall time (their own "
                                     f"times add up to {total:.0f} s); the default set's budget is {DEFAULT_BUDGET_S} s "
@@ -117,3 +119,29 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     over = sorted(((m - s, n, s, m) for n, (s, m) in slow.items() if m > 2 * s + 20), reverse=True)
     for _, name, s, m in over:
         terminalreporter.write_line(f"  over its stated cost: {name} stated {s:.0f} s, took {m:.0f} s")
+
+
+def _longest_files(terminalreporter, n: int = 8) -> None:
+    """The files whose tests took longest (set-up included), what to cut first when a set nears
+    its budget."""
+    by_file: dict[str, list[float]] = {}
+    for nodeid, sec in _durations.items():
+        c = by_file.setdefault(nodeid.split("::")[0], [0.0, 0])
+        c[0] += sec
+        c[1] += 1
+    top = sorted(by_file.items(), key=lambda kv: -kv[1][0])[:n]
+    terminalreporter.write_line("longest files: " + ", ".join(f"{f} {s:.0f} s ({k})" for f, (s, k) in top))
+
+
+def _write_durations(config, which: str, wall: float) -> None:
+    """Every test's measured (and, if slow, stated) seconds, in ``.pytest_cache/durations-<set>.json``,
+    so that a CI run's times can be read after it (a fresh clone keeps its checkout)."""
+    import json
+
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller writes the whole set's
+        return
+    path = config.rootpath / ".pytest_cache" / f"durations-{which}.json"
+    path.parent.mkdir(exist_ok=True)
+    rec = {"wall_s": wall, "tests": {n: {"s": round(d, 2), **({"stated_s": _stated[n]} if n in _stated else {})}
+                                     for n, d in sorted(_durations.items(), key=lambda kv: -kv[1])}}
+    path.write_text(json.dumps(rec, indent=1))
