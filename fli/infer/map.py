@@ -229,6 +229,9 @@ def finish(cfg: Config, run_dir: Path, obs, post: Posterior, data: Data, run: Ma
         "params": phys, "theta_latent": np.asarray(lat.theta).tolist(), "sampled": list(post.names),
         "loss": float(u), "chi2": float(paux["chi2"]), "n_pixels": n_pix,
         "chi2_per_pixel": float(paux["chi2"]) / max(n_pix, 1),
+        **({} if "chi2_cut" not in paux else {  # the scale cut's own statistic (lensing.ell_max)
+            "chi2_cut": float(paux["chi2_cut"]), "n_cut_components": int(paux["n_cut"]),
+            "chi2_per_cut_component": float(paux["chi2_cut"]) / max(int(paux["n_cut"]), 1)}),
         "steps": run.step, "converged": converged(run, mcfg), "optimizer": mcfg.optimizer,
         "anneal": mcfg.anneal, "grad_evals": int(hist[:, 2].sum()), "time_s": {
             "compile": t_compile, "run_this_session": t_run, "steps_total": float(hist[:, 3].sum())},
@@ -276,8 +279,9 @@ def finish(cfg: Config, run_dir: Path, obs, post: Posterior, data: Data, run: Ma
     _write_history(run_dir, run)
     write_json(run_dir / MAP_JSON, out, default=float)
     barrier("fli-map-done")
-    log.info("MAP: %s; loss %.6g, chi2/pixel %.3f after %d steps (%s) -> %s",
-             " ".join(f"{k}={v:.4f}" for k, v in phys.items()), out["loss"], out["chi2_per_pixel"], run.step,
+    cut = f", chi2 per kept component {out['chi2_per_cut_component']:.3f}" if "chi2_cut" in out else ""
+    log.info("MAP: %s; loss %.6g, chi2/pixel %.3f%s after %d steps (%s) -> %s",
+             " ".join(f"{k}={v:.4f}" for k, v in phys.items()), out["loss"], out["chi2_per_pixel"], cut, run.step,
              "converged" if out["converged"] else "step budget", run_dir / MAP_JSON)
     return out
 

@@ -184,7 +184,9 @@ class Posterior:
 
     def potential_and_aux(self, lat: Latents, data: Data, smooth=None, precise: bool = False):
         """``(U, aux)``: the negative log posterior (constants dropped) and the forward's
-        diagnostics (``max_disp``, ``chi2`` of the unsmoothed residual).
+        diagnostics (``max_disp``, ``chi2`` of the unsmoothed residual over the pixels; with a
+        scale cut also ``chi2_cut``, that of the kept Fourier components (smoothed where
+        ``smooth`` is), and ``n_cut``, their number under the mask).
 
         ``precise``: return ``U - energy_offset`` with the field's and the map's sums taken
         in float64 (:mod:`fli.infer.energy`), so that a float32 U resolves changes of 1e-4
@@ -202,7 +204,11 @@ class Posterior:
             like = 0.5 * jnp.sum(r * r)
             prior = theta2 + 0.5 * jnp.sum(lat.s * lat.s)
         r0 = (kappa - data.kappa_obs) * data.weight
-        return like + prior, {"max_disp": jnp.max(aux.max_disp), "chi2": jnp.sum(r0 * r0)}
+        out = {"max_disp": jnp.max(aux.max_disp), "chi2": jnp.sum(r0 * r0)}
+        if data.modes is not None:  # the fit's own statistic: chi^2 of the kept components, and their number
+            out["chi2_cut"] = jnp.sum(r * r)
+            out["n_cut"] = jnp.sum(jnp.any(data.modes != 0, axis=(2, 3)))
+        return like + prior, out
 
     def potential(self, lat: Latents, data: Data, smooth=None, precise: bool = False) -> Array:
         """The negative log posterior U (see the module docstring)."""

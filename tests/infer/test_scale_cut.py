@@ -95,9 +95,12 @@ def test_the_posterior_with_every_mode_kept_is_the_pixel_posterior():
     cut, cdata, _ = small_posterior((2, 2), extra=[*lin, "lensing.ell_max=[1000,1000]"])
     assert cut.n_terms == math.prod(post.fwd.kappa_shape) and cdata.modes is not None
     at = Latents(lat.theta + 0.05, lat.s * 0.97)
-    vg = lambda p, d: jax.jit(jax.value_and_grad(lambda x: p.potential(x, d)))(at)
-    (u, g), (uc, gc) = vg(post, data), vg(cut, cdata)
+    vg = lambda p, d: jax.jit(jax.value_and_grad(lambda x: p.potential_and_aux(x, d), has_aux=True))(at)
+    ((u, aux), g), ((uc, cux), gc) = vg(post, data), vg(cut, cdata)
     assert float(uc) == pytest.approx(float(u), rel=1e-5)
+    # the cut's own chi^2 (map.json's chi2_cut) is then the pixels' chi^2, over as many terms
+    assert "chi2_cut" not in aux and int(cux["n_cut"]) == cut.n_terms
+    assert float(cux["chi2_cut"]) == pytest.approx(float(cux["chi2"]), rel=1e-5)
     np.testing.assert_allclose(np.asarray(gc.s), np.asarray(g.s), rtol=1e-3, atol=1e-4 * float(jnp.abs(g.s).max()))
     np.testing.assert_allclose(np.asarray(gc.theta), np.asarray(g.theta), rtol=1e-3)
     theta = np.asarray(lat.theta) + 0.1
