@@ -244,6 +244,9 @@ class MuseConfig:
     tol: float = 0.05  # stop when every parameter's Newton step is below tol MUSE sds
     fd_step: float = 0.05  # H's central-difference step in the standardised parameters
     map_steps: int = 1000  # optimiser steps per field MAP at most
+    # optimiser steps per refit of H's finite differences at most (each starts from its
+    # simulation's MAP at theta); null: map_steps
+    h_steps: int | None = None
     gtol: float = 1e-4  # a field MAP stops when its gradient's RMS per cell is below gtol
     # "mesh": each fit sharded over every device of every process, one fit after another;
     # "processes": each process fits its own share of the simulations on its own devices
@@ -253,6 +256,8 @@ class MuseConfig:
         _check(self.n_sims >= 4, "inference.map.muse.n_sims", ">= 4 (their covariance is J)", self.n_sims)
         for k in ("iterations", "map_steps"):
             _check(getattr(self, k) >= 1, f"inference.map.muse.{k}", ">= 1", getattr(self, k))
+        _check(self.h_steps is None or self.h_steps >= 1, "inference.map.muse.h_steps", "null (map_steps) or >= 1",
+               self.h_steps)
         for k in ("tol", "fd_step", "gtol"):
             v = getattr(self, k)
             _check(_finite(v) and v > 0, f"inference.map.muse.{k}", "> 0", v)

@@ -19,7 +19,6 @@ simulations, the difference from the largest budget's H in those errors, MUSE's 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
 import time
@@ -41,7 +40,7 @@ def main(argv=None) -> int:
 
     from fli.cli.common import compose  # noqa: PLC0415
     from fli.infer.map import prepare  # noqa: PLC0415
-    from fli.infer.muse import FieldSolver, Muse  # noqa: PLC0415
+    from fli.infer.muse import Muse  # noqa: PLC0415
     from fli.infer.muse_result import covariance  # noqa: PLC0415
 
     log = logging.getLogger("fli")
@@ -59,8 +58,7 @@ def main(argv=None) -> int:
            "by_steps": {}}
     ref = None
     for steps in a.steps:
-        m.solver = FieldSolver(post, cfg.inference.map, steps, settings.gtol)
-        m.cfg = dataclasses.replace(settings, map_steps=steps)
+        m.h_steps = steps  # inference.map.muse.h_steps: the same compiled solver, another budget
         e0, t0 = m.grad_evals, time.perf_counter()
         cols = m.finite_difference_h(f"h{steps}", theta)  # [sim, score component, column]
         h, se = cols.mean(0), cols.std(0, ddof=1) / np.sqrt(cols.shape[0])

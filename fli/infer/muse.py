@@ -67,13 +67,14 @@ MUSE_STREAM = 0x4D555345  # "MUSE": the simulations' keys are fold_in(key(seed),
 
 
 class FieldSolver:
-    """``solve(theta, s0, data) -> (s_hat, steps, grad_norm, evals)``: the field's MAP at fixed
-    theta with fli-map's optimiser (``inference.map.optimizer``, L-BFGS by default), from
-    ``s0``, until the gradient's RMS per cell is below ``gtol`` or ``max_steps``.
+    """``solve(theta, s0, data, max_steps=None) -> (s_hat, steps, grad_norm, evals)``: the
+    field's MAP at fixed theta with fli-map's optimiser (``inference.map.optimizer``, L-BFGS by
+    default), from ``s0``, until the gradient's RMS per cell is below ``gtol`` or ``max_steps``
+    (None: the solver's own).
 
-    One compiled program per posterior (theta and the data are arguments): the loop runs on the
-    device, and the optimiser's memory stays sharded like the field. ``grad_norm`` is the RMS
-    of the gradient before the last step.
+    One compiled program per posterior (theta, the data and the step budget are arguments): the
+    loop runs on the device, and the optimiser's memory stays sharded like the field.
+    ``grad_norm`` is the RMS of the gradient before the last step.
     """
 
     def __init__(self, post: Posterior, map_cfg, max_steps: int, gtol: float):
@@ -89,7 +90,9 @@ class FieldSolver:
         def keep(state):
             return jax.lax.with_sharding_constraint(state, field_leaf_shardings(state, grid.mesh, grid.shape))
 
-        def solve(theta, s0, data):
+        self.max_steps = int(max_steps)
+
+        def solve(theta, s0, data, max_steps):
             f = lambda s: post.potential(Latents(theta, s), data)
 
             def body(carry):
@@ -114,8 +117,9 @@ class FieldSolver:
 
         self._solve = jax.jit(solve)
 
-    def __call__(self, theta, s0, data: Data):
-        s, k, gn, ev = self._solve(theta, s0, data)
+    def __call__(self, theta, s0, data: Data, max_steps: int | None = None):
+        steps = self.max_steps if max_steps is None else int(max_steps)
+        s, k, gn, ev = self._solve(theta, s0, data, jnp.asarray(steps, jnp.int32))
         return s, int(replicated_to_host(k)), float(replicated_to_host(gn)), int(replicated_to_host(ev))
 
 
@@ -213,7 +217,8 @@ class ScoreStore:
 class Muse:
     """The MUSE iteration of one posterior and one observation (see the module docstring).
 
-    ``settings``: ``inference.map.muse`` (n_sims, iterations, tol, fd_step, map_steps, gtol);
+    ``settings``: ``inference.map.muse`` (n_sims, iterations, tol, fd_step, map_steps, h_steps,
+    gtol);
     ``map_cfg``: ``inference.map`` (the optimiser); ``seed``: the simulations' seed.
 
     ``rank`` of ``size`` workers (``inference.map.muse.spread=processes``): this one makes the
@@ -230,6 +235,8 @@ class Muse:
         self.rank, self.size = rank, size
         self.post, self.data, self.cfg = post, data, settings
         self.solver = FieldSolver(post, map_cfg, settings.map_steps, settings.gtol)
+        # H's refits start from each simulation's MAP at theta, a field O(fd_step) from theirs
+        self.h_steps = settings.map_steps if getattr(settings, "h_steps", None) is None else settings.h_steps
         self.score = make_score(post)
         self.simulate = make_simulator(post)
         self.key = jax.random.fold_in(jax.random.key(seed), MUSE_STREAM)
@@ -250,10 +257,10 @@ class Muse:
         return k % self.size == self.rank
 
     def _fit(self, name: str, warm: str, theta_eval, data: Data | Callable[[], Data],
-             keep: bool = True) -> np.ndarray | None:
+             keep: bool = True, max_steps: int | None = None) -> np.ndarray | None:
         """The score of one fit (``name`` in the store; ``warm`` names the field it starts from,
-        and ``keep`` whether its MAP replaces that field); ``data`` may be a function making it.
-        None where another worker makes it."""
+        ``keep`` whether its MAP replaces that field, ``max_steps`` its budget, None:
+        ``map_steps``); ``data`` may be a function making it. None where another worker makes it."""
         th = np.asarray(theta_eval, np.float64)
         rec = self.store.get(name, th)
         if rec is not None:
@@ -262,7 +269,8 @@ class Muse:
             return None
         data = data() if callable(data) else data
         s0 = self.warm.get(warm, self.zero)
-        s, steps, gn, ev = self.solver(self._dtype(th), s0, data)
+        budget = self.cfg.map_steps if max_steps is None else max_steps
+        s, steps, gn, ev = self.solver(self._dtype(th), s0, data, budget)
         if keep:
             self.warm[warm] = s
         g = np.asarray(replicated_to_host(self.score(self._dtype(th), s, data)), np.float64)
@@ -270,7 +278,7 @@ class Muse:
         if not np.all(np.isfinite(g)):
             raise FloatingPointError(f"MUSE: the score of {name} is {g.tolist()} (field MAP {steps} steps, "
                                      f"gradient RMS {gn:.3g})")
-        if steps >= self.cfg.map_steps and gn > self.cfg.gtol:
+        if steps >= budget and gn > self.cfg.gtol:
             self.at_budget.append(gn)
         self.store.put(name, {"theta": th.tolist(), "score": g.tolist(), "steps": steps, "grad_rms": gn,
                               "evals": ev})
@@ -313,7 +321,8 @@ class Muse:
     def finite_difference_h(self, it: str, theta, progress: Callable | None = None) -> np.ndarray:
         """``[N, n, n]``: each simulation's central difference of its score (at ``theta``) in
         the theta that made it, ``(g(theta, x_i(theta + eps e_j)) - g(theta, x_i(theta - eps e_j))) / 2 eps``
-        in column j; each fit starts from the simulation's own MAP at theta."""
+        in column j; each fit starts from the simulation's own MAP at theta and runs at most
+        ``h_steps`` steps (``inference.map.muse.h_steps``)."""
         n, eps = len(theta), self.cfg.fd_step
         names, mine, done = [], [], 0
         for j in range(n):
@@ -325,7 +334,8 @@ class Muse:
                     names.append(f"{it}/h{j}{'+' if sign > 0 else '-'}/sim{i}")
                     mine.append(self._fit(names[-1], f"sim{i}", theta,
                                           lambda tp=tp, i=i: self.simulate(self._dtype(tp), self.sim_key(i),
-                                                                           self.data), keep=False))
+                                                                           self.data), keep=False,
+                                          max_steps=self.h_steps))
                 done += 1
                 if progress is not None:
                     progress(done)
@@ -355,7 +365,7 @@ class Muse:
             if h_cols is None or far:
                 h_cols = self.finite_difference_h(f"it{k}", theta,
                                                   self._progress(f"iteration {k + 1}: H by finite differences",
-                                                                 n * cfg.n_sims))
+                                                                 n * cfg.n_sims, h=True))
                 h_at = k
             h, jm = h_cols.mean(0), np.cov(g_s.T).reshape(n, n)
             f = g_d - g_s.mean(0) - theta
@@ -378,7 +388,8 @@ class Muse:
             if k + 1 < cfg.iterations:
                 theta = theta + _capped(step)
         if h_at != k:  # the covariance belongs to the last point: H there
-            h_cols = self.finite_difference_h(f"it{k}", theta, self._progress("H at the last point", n * cfg.n_sims))
+            h_cols = self.finite_difference_h(f"it{k}", theta,
+                                              self._progress("H at the last point", n * cfg.n_sims, h=True))
         h, jm = h_cols.mean(0), np.cov(g_s.T).reshape(n, n)
         cov = covariance(h, jm)
         bi = np.linalg.inv(b)
@@ -392,7 +403,8 @@ class Muse:
                           h_cols, history, converged, sum(self.used.values()), time.perf_counter() - t0,
                           self.grad_evals)
 
-    def _progress(self, what: str, total: int):
+    def _progress(self, what: str, total: int, h: bool = False):
+        key, budget = ("h_steps", self.h_steps) if h else ("map_steps", self.cfg.map_steps)
         every = max(1, total // 4)
         t0 = time.perf_counter()
 
@@ -400,11 +412,11 @@ class Muse:
             if done % every == 0 or done == total:
                 self.log.info("MUSE %s: %d/%d fits, %.1f s", what, done, total, time.perf_counter() - t0)
             if done == total and self.at_budget:
-                self.log.warning("MUSE %s: %d of the fits ended at inference.map.muse.map_steps = %d with the "
+                self.log.warning("MUSE %s: %d of the fits ended at inference.map.muse.%s = %d with the "
                                  "gradient's RMS at %.3g-%.3g > gtol %.3g (the data and the simulations are fitted "
-                                 "alike, so the estimate stays unbiased; raise map_steps for a sharper one)", what,
-                                 len(self.at_budget), self.cfg.map_steps, min(self.at_budget), max(self.at_budget),
-                                 self.cfg.gtol)
+                                 "alike, so the estimate stays unbiased; raise %s for a sharper one)", what,
+                                 len(self.at_budget), key, budget, min(self.at_budget), max(self.at_budget),
+                                 self.cfg.gtol, key)
                 self.at_budget = []
 
         return report

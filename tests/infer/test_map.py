@@ -66,6 +66,7 @@ def _run(args, **kw):
     (["inference.map.estimator=muse", "prior.sample=[]"], "inference.map.estimator=muse"),
     (["inference.map.estimator=mu"], "inference.map.estimator"),
     (["inference.map.muse.spread=nodes"], "inference.map.muse.spread"),
+    (["inference.map.muse.h_steps=0"], "inference.map.muse.h_steps"),
 ])
 def test_bad_input_is_refused_and_nothing_written(small_mock, tmp_path, capsys, over, match):
     run = tmp_path / "refused"

@@ -113,6 +113,37 @@ def test_a_simulation_keeps_its_noise_at_every_theta_and_the_noise_has_the_datas
     assert abs(pulls.var() - 1) < 4 * np.sqrt(2 / pulls.size) and abs(pulls.mean()) < 4 / np.sqrt(pulls.size)
 
 
+def test_h_refits_keep_their_own_step_budget_in_the_same_compiled_solver(linear, caplog):
+    """``inference.map.muse.h_steps``: H's refits stop at their budget while the fits at theta run
+    to map_steps, through one compiled solver (the budget is an argument, not a constant), and
+    the warning about fits ended at their budget names the key that sets it."""
+    import logging
+
+    from fli.infer.muse import Muse
+
+    cfg, post, data, _ = linear
+    settings = SimpleNamespace(n_sims=4, iterations=1, tol=0.05, fd_step=0.05, map_steps=1000, h_steps=2, gtol=1e-5)
+    m = Muse(post, data, settings, cfg.inference.map, seed=0, log=logging.getLogger("fli"))
+    theta = np.zeros(2)
+    m.scores("it0", theta)
+    assert not m.at_budget  # every fit at theta reached gtol within map_steps
+    with caplog.at_level(logging.WARNING, logger="fli"):
+        m.finite_difference_h("it0", theta, m._progress("H", 2 * settings.n_sims, h=True))
+    recs = {name: m.store.get(name, theta) for name in m.store._d}
+    h_fits = [r for n, r in recs.items() if "/h" in n]
+    at_theta = [r for n, r in recs.items() if "/h" not in n]
+    assert len(h_fits) == 16 and len(at_theta) == 5
+    # a refit from a field O(fd_step) away, stopped after 2 steps, is short of gtol
+    assert all(r["steps"] == 2 and r["grad_rms"] > settings.gtol for r in h_fits)
+    assert all(2 < r["steps"] < 1000 for r in at_theta)  # the fits at theta ran to gtol
+    # the budget is an argument: another one compiles nothing new
+    compiled = m.solver._solve._cache_size()
+    x = m.simulate(jnp.asarray(theta + [settings.fd_step, 0], jnp.float32), m.sim_key(0), data)
+    assert m.solver(jnp.asarray(theta, jnp.float32), m.warm["sim0"], x, 5)[1] == 5
+    assert m.solver._solve._cache_size() == compiled
+    assert "16 of the fits ended at inference.map.muse.h_steps = 2" in caplog.text
+
+
 @pytest.fixture(scope="module")
 def muse_run(linear):
     from fli.infer.muse import Muse
