@@ -67,24 +67,6 @@ def test_a_chain_writes_its_chunks_and_inference_data(chain):
     assert out["draws"] == 12 and out["draws_post_warmup"] == 6 and out["gradient_evals"] == st["gradient_evals"][-1]
 
 
-@pytest.mark.slow(seconds=80)  # fresh-clone CI of 469bd9a: 80 s
-def test_the_running_mean_is_the_mean_of_the_draws(small_mock, tmp_path):
-    """field_thin=1 keeps every field: running.zarr's Welford mean and variance must be the
-    mean and variance of the post-warm-up fields (float32 round-off over 4 draws: 1e-5)."""
-    import zarr
-
-    run = tmp_path / "run"
-    assert nuts_main([*SMALL, "inference.num_warmup=2", "inference.num_samples=4", "inference.chunk=3",
-                      "inference.field_thin=1", "inference.max_tree_depth=2", f"mock={small_mock}",
-                      f"run_dir={run}"]) == 0
-    fields = [np.asarray(zarr.open_group(str(run / "chunks" / f"chunk_{i:05d}" / "fields.zarr"), mode="r")
-                         ["white_noise"][...]) for i in (0, 1)]
-    s = np.concatenate(fields)[2:]
-    r = zarr.open_group(str(run / "running.zarr"), mode="r")
-    np.testing.assert_allclose(np.asarray(r["mean_white_noise"][...]), s.mean(0), atol=1e-5)
-    np.testing.assert_allclose(np.asarray(r["var_white_noise"][...]), s.var(0, ddof=1), atol=1e-5)
-
-
 @pytest.mark.parametrize("over, match", [
     (["inference.num_warmup=-1"], "inference.num_warmup"),
     (["inference.target_accept=1.5"], "inference.target_accept"),
@@ -263,21 +245,32 @@ def test_a_bad_point_is_refused_in_one_line(small_mock, tmp_path, capsys, conten
     assert not (run / "chunks").exists() and not (run / "config.yaml").exists()
 
 
-@pytest.mark.slow(seconds=110)  # (another compile); 107 s in the fresh-clone CI of 469bd9a
-def test_hmc_kernel_takes_its_fixed_number_of_steps(small_mock, tmp_path):
+@pytest.mark.slow(seconds=110)  # (another compile); 82 s beside two niced studies, warm cache
+def test_hmc_kernel_takes_its_fixed_number_of_steps_and_keeps_the_draws_running_mean(small_mock, tmp_path):
+    """HMC's fixed trajectories, its resume (its state holds Python scalars beside the arrays),
+    and, with field_thin=1 keeping every field, running.zarr's Welford mean and variance
+    against the post-warm-up fields' own, across the resume (float32 round-off over 7 draws:
+    1e-5; the running moments are the chunks' code, whatever the kernel)."""
+    import zarr
+
     run = tmp_path / "hmc"
-    assert nuts_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", "inference.kernel=hmc", "inference.num_steps=5",
-                      "inference.num_warmup=3", "inference.num_samples=3", "inference.chunk=3",
-                      "inference.field_thin=3"]) == 0
+    hmc = [*SMALL, f"mock={small_mock}", f"run_dir={run}", "inference.kernel=hmc", "inference.num_steps=5",
+           "inference.num_warmup=2", "inference.chunk=3", "inference.field_thin=1"]
+    assert nuts_main([*hmc, "inference.num_samples=4"]) == 0
     st = read_chunks(run)["stats"]
     np.testing.assert_array_equal(st["n_steps"], np.full(6, 5))
     np.testing.assert_array_equal(st["gradient_evals"], 1 + 5 * np.arange(1, 7))
     assert json.loads((run / "nuts.json").read_text())["kernel"] == "hmc"
-    # and it resumes (HMC's state holds Python scalars beside the arrays)
-    assert nuts_main([*SMALL, f"mock={small_mock}", f"run_dir={run}", "inference.kernel=hmc", "inference.num_steps=5",
-                      "inference.num_warmup=3", "inference.num_samples=6", "inference.chunk=3",
-                      "inference.field_thin=3"]) == 0
+    assert nuts_main([*hmc, "inference.num_samples=7"]) == 0
     assert complete_chunks(run) == [0, 1, 2]
+    fields = [np.asarray(zarr.open_group(str(run / "chunks" / f"chunk_{i:05d}" / "fields.zarr"), mode="r")
+                         ["white_noise"][...]) for i in (0, 1, 2)]
+    s = np.concatenate(fields)[2:]
+    assert s.shape[0] == 7
+    r = zarr.open_group(str(run / "running.zarr"), mode="r")
+    assert r.attrs["n_draws"] == 7
+    np.testing.assert_allclose(np.asarray(r["mean_white_noise"][...]), s.mean(0), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(r["var_white_noise"][...]), s.var(0, ddof=1), atol=1e-5)
 
 
 # The default set's resume refusals read the session's chain here, in the file that makes it: in
