@@ -63,7 +63,8 @@ def main(argv=None) -> int:
         cols = m.finite_difference_h(f"h{steps}", theta)  # [sim, score component, column]
         h, se = cols.mean(0), cols.std(0, ddof=1) / np.sqrt(cols.shape[0])
         row = {"H": h.tolist(), "H_se": se.tolist(), "grad_evals": m.grad_evals - e0,
-               "seconds": time.perf_counter() - t0, "muse_sd_z": np.sqrt(np.diag(covariance(h, jm))).tolist()}
+               "seconds": time.perf_counter() - t0, "muse_sd_z": np.sqrt(np.diag(covariance(h, jm))).tolist(),
+               "columns": cols.tolist()}  # per simulation, so that another run's budgets pair with these
         if ref is None:
             ref = cols
         else:  # the paired difference: the same simulations, so most of their scatter cancels
