@@ -375,8 +375,8 @@ def _check_grid(geometry: LensGeometry, grid) -> None:
 def plane_hook(geometry: LensGeometry, grid):
     """Per-step PM hook ``hook(density, disp, a, step) -> plane``.
 
-    ``density`` is the particle count per cell ``[nx, ny, nz]`` (mean 1) sharded
-    ``P('x', 'y')``; the hook returns, for step ``j``, the slab of plane
+    ``density`` is the PM force's :class:`fli.nbody.Density`, whose ``rho`` is the particle
+    count per cell ``[nx, ny, nz]`` (mean 1) sharded ``P('x', 'y')``; the hook returns, for step ``j``, the slab of plane
     ``i = n_used - 1 - j``: ``sum over its m z-cells of (density - 1) * dz`` [Mpc/h] (the
     density contrast integrated over the slab), ``[nx, ny]`` sharded ``P('x', 'y')``.  The
     slab is cut on the local z axis inside ``shard_map`` (z is not sharded): nothing is
@@ -395,7 +395,7 @@ def plane_hook(geometry: LensGeometry, grid):
 
     def hook(density, disp, a, step):
         del disp, a
-        return fn(density, jnp.asarray(step, jnp.int32))
+        return fn(density.rho, jnp.asarray(step, jnp.int32))
 
     return hook
 

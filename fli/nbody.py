@@ -50,10 +50,31 @@ from fli.cosmology import Cosmology
 from fli.fft import force_correction_kernel, gradient_kernel, inv_laplace_kernel
 from fli.grid import Grid
 from fli.lpt import linear_modes, lpt
-from fli.painting import cic_paint, cic_read, cic_stencil
+from fli.painting import Stencil, cic_paint, cic_read, cic_stencil
 
-# hook(density, disp, a, step) -> pytree of per-step observables (e.g. a lens plane)
-Hook = Callable[[Array, Array, Array, Array], Any]
+
+
+class Density(NamedTuple):
+    """The PM force's density at a step boundary, handed to the step's hook with what computing
+    it made, so that a hook that filters the density and reads it back at the particles
+    (:func:`fli.pgd.pgd_shift`) does neither again: ``rho`` the particle count per cell (mean 1)
+    ``[nx, ny, nz]``, ``rho_k`` its ``grid.fft.rfft``, ``stencil`` the CIC stencil of the
+    particles at the boundary (:func:`fli.painting.cic_stencil` of ``disp / grid.cell``)."""
+
+    rho: Array
+    rho_k: Array
+    stencil: Stencil
+
+
+def density_of(disp: Array, grid: Grid) -> Density:
+    """:class:`Density` of particles at ``disp`` [Mpc/h], as the PM force computes it."""
+    st = cic_stencil(disp / jnp.asarray(grid.cell, disp.dtype), grid.mesh, grid.halo)
+    rho = cic_paint(disp / jnp.asarray(grid.cell, disp.dtype), grid.mesh, grid.halo, stencil=st)
+    return Density(rho, grid.fft.rfft(rho), st)
+
+
+# hook(density: Density, disp, a, step) -> pytree of per-step observables (e.g. a lens plane)
+Hook = Callable[[Density, Array, Array, Array], Any]
 
 
 class PMState(NamedTuple):
@@ -112,14 +133,14 @@ def step_coefficients(cosmo: Cosmology, a_steps: Array) -> StepCoeffs:
     )
 
 
-def pm_force(cosmo: Cosmology, disp: Array, grid: Grid) -> tuple[Array, Array]:
+def pm_force(cosmo: Cosmology, disp: Array, grid: Grid) -> tuple[Array, Density]:
     """PM gravity at the particles, ``F = -grad psi`` with ``lap psi = 1.5 Omega_m delta``.
 
     CIC paint (one scatter), one forward FFT, three inverse FFTs, one CIC read of the three
     components. The potential kernel carries the grid's resolution correction
     (``grid.force_correction``, see :func:`fli.fft.force_correction_kernel`).
-    Returns ``(force [nx,ny,nz,3] [Mpc/h H0^2], density [nx,ny,nz])`` where ``density`` is the
-    particle count per cell (mean 1).
+    Returns ``(force [nx,ny,nz,3] [Mpc/h H0^2], density)``, the :class:`Density` with its FFT
+    and the particles' stencil, which the step's hook may reuse.
     """
     plan = grid.fft
     cell = jnp.asarray(grid.cell, disp.dtype)
@@ -129,10 +150,11 @@ def pm_force(cosmo: Cosmology, disp: Array, grid: Grid) -> tuple[Array, Array]:
     kernel = inv_laplace_kernel(plan, grid.box, dtype=grid.dtype)
     if grid.force_correction:
         kernel = kernel * force_correction_kernel(plan, grid.box, grid.force_correction, dtype=grid.dtype)
-    pot_k = plan.rfft(rho) * (1.5 * cosmo.Omega_m * kernel)
+    rho_k = plan.rfft(rho)
+    pot_k = rho_k * (1.5 * cosmo.Omega_m * kernel)
     comps = jnp.stack([plan.irfft(-gradient_kernel(plan, grid.box, i, dtype=grid.dtype) * pot_k) for i in range(3)])
     force = cic_read(comps, cells, grid.mesh, grid.halo, stencil=st)
-    return force.astype(disp.dtype), rho
+    return force.astype(disp.dtype), Density(rho, rho_k, st)
 
 
 def _max_cells(disp: Array, grid: Grid) -> Array:
@@ -143,8 +165,8 @@ def _max_cells(disp: Array, grid: Grid) -> Array:
 
 def _boundary(cosmo: Cosmology, disp: Array, a1: Array, i: Array, grid: Grid, hook: Hook | None):
     """What happens at a step boundary: the PM force at ``disp`` and the step's observable."""
-    force, rho = pm_force(cosmo, disp, grid)
-    obs = hook(rho, disp, a1, i) if hook is not None else ()
+    force, dens = pm_force(cosmo, disp, grid)
+    obs = hook(dens, disp, a1, i) if hook is not None else ()
     return force, obs
 
 

@@ -161,7 +161,9 @@ def particle_plane_hook(geometry: LensGeometry, grid, *, halves: bool = False, s
     ``1 / sub^2``, for ``sub^2`` times the (cheap) painting.
 
     ``pgd`` (``alpha != 0``): the particles are shifted by :func:`fli.pgd.pgd_shift` before they
-    are painted (the dynamics are untouched).
+    are painted (the dynamics are untouched), from ``density`` (the PM force's
+    :class:`fli.nbody.Density`: its FFT and the particles' stencil are not computed again);
+    without it ``density`` is not read.
     """
     _check_grid(geometry, grid)
     check_particle_geometry(geometry)
@@ -207,8 +209,8 @@ def particle_plane_hook(geometry: LensGeometry, grid, *, halves: bool = False, s
     fn = jax.shard_map(local, mesh=grid.mesh, in_specs=(FIELD_SPEC, P()), out_specs=(spec, P()))
 
     def hook(density, disp, a, step):
-        if pgd is not None and pgd.alpha != 0:
-            disp = disp + pgd_shift(density, disp, a, grid, pgd)
+        if pgd is not None and pgd.alpha != 0:  # the PM force's density FFT and stencil, reused
+            disp = disp + pgd_shift(density.rho_k, disp, a, grid, pgd, stencil=density.stencil)
         return fn(disp, jnp.asarray(step, jnp.int32))
 
     return hook

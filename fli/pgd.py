@@ -10,8 +10,8 @@ particle moves by
 i.e. ``S(k) = alpha i k O(k) delta(k) / k^2``, towards the overdensities, with a high-pass
 ``k_l`` that leaves the large scales alone and a low-pass ``k_s`` that stops at the grid's noise.
 ``alpha(a) = alpha_0 a^mu``. The shift is applied only to the positions that are painted: the
-dynamics are untouched. It costs one forward FFT of the density the PM step has already painted,
-three inverse FFTs and one CIC read per plane. Its parameters are fitted once
+dynamics are untouched. It reuses the FFT of the density the PM step has already painted and
+its particles' CIC stencil, and costs three inverse FFTs and one CIC read per plane. Its parameters are fitted once
 (``scripts/plane_fidelity.py --pgd``, docs/fidelity.md) on seeds and a cosmology that the
 validation does not use.
 """
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from fli.fft import _default_float, _k2, gradient_kernel
-from fli.painting import cic_read
+from fli.painting import Stencil, cic_read
 
 
 class PGDParams(NamedTuple):
@@ -45,15 +45,17 @@ def pgd_filter(plan, box, kl: float, ks: float, dtype=None) -> jax.Array:
     return jnp.where(pos, o / k2s, 0.0)
 
 
-def pgd_shift(density, disp, a, grid, params: PGDParams):
+def pgd_shift(density_k, disp, a, grid, params: PGDParams, *, stencil: Stencil | None = None):
     """``S`` at each particle, ``[nx, ny, nz, 3]`` [Mpc/h] like ``disp`` (sharded ``P('x', 'y')``).
 
-    ``density`` is the particle count per cell (mean 1) at ``disp`` [Mpc/h]; ``a`` the scale
-    factor (traceable)."""
+    ``density_k`` is ``grid.fft.rfft`` of the particle count per cell at ``disp`` [Mpc/h] (its
+    mean does not matter: the filter is 0 at k = 0); ``a`` the scale factor (traceable);
+    ``stencil`` the CIC stencil of ``disp / grid.cell``, where the PM force has made one
+    (:class:`fli.nbody.Density`)."""
     plan, box = grid.fft, grid.box
-    dk = plan.rfft(density - 1.0) * pgd_filter(plan, box, params.kl, params.ks, dtype=grid.dtype)
+    dk = density_k * pgd_filter(plan, box, params.kl, params.ks, dtype=grid.dtype)
     comps = jnp.stack([plan.irfft(gradient_kernel(plan, box, i, dtype=grid.dtype) * dk) for i in range(3)])
     cells = disp / jnp.asarray(grid.cell, disp.dtype)
-    s = cic_read(comps, cells, grid.mesh, grid.halo)
+    s = cic_read(comps, cells, grid.mesh, grid.halo, stencil=stencil)
     alpha = params.alpha * jnp.asarray(a, disp.dtype) ** params.mu
     return (alpha * s).astype(disp.dtype)

@@ -20,6 +20,7 @@ from fli import survey as SV
 from fli.config import LensingConfig, NzBinConfig, SurveyConfig
 from fli.cosmology import comoving_distance, planck18
 from fli.grid import Grid
+from fli.nbody import Density
 from fli.sharding import make_mesh
 from tests.helpers.physics import LAYOUTS, ccl_cosmology
 
@@ -208,15 +209,15 @@ def test_plane_hook_extracts_the_slabs(geom):
         rho = jax.device_put(dens, grid.sharding)
 
         @jax.jit
-        def run(rho):  # as in fli.nbody: hook(density, state, a, step) in a scan over steps
+        def run(rho):  # as in fli.nbody: hook(density, disp, a, step) in a scan over steps
             def body(carry, j):
-                return carry, hook(rho, None, 1.0, j)
+                return carry, hook(Density(rho, None, None), None, 1.0, j)
             return jax.lax.scan(body, 0, jnp.arange(n))[1]
 
         planes = run(rho)
         assert planes.shape == (n, 16, 16)
         np.testing.assert_allclose(np.asarray(planes), ref[::-1], rtol=0, atol=1e-4)  # farthest first
-        single = hook(rho, None, 1.0, 2)
+        single = hook(Density(rho, None, None), None, 1.0, 2)
         assert single.sharding.is_equivalent_to(grid.sharding, 2)
         np.testing.assert_allclose(np.asarray(single), ref[geom.plane_index(2)], atol=1e-4)
 

@@ -9,6 +9,7 @@ import pytest
 from fli import lensing as L
 from fli.cosmology import planck18
 from fli.grid import Grid
+from fli.nbody import Density, density_of
 from fli.particle_planes import particle_plane_hook
 from fli.pgd import PGDParams, pgd_filter, pgd_shift
 from fli.sharding import make_mesh
@@ -32,8 +33,8 @@ def test_shift_of_a_plane_wave_is_its_closed_form(pdims):
     amp = 0.3
     with jax.enable_x64(True):
         rho = np.broadcast_to((1.0 + amp * np.cos(k0 * x))[:, None, None], SHAPE).copy()
-        s = np.asarray(pgd_shift(_sharded(jnp.asarray(rho), grid), _sharded(jnp.zeros((*SHAPE, 3)), grid), 0.8,
-                                 grid, p))
+        s = np.asarray(pgd_shift(grid.fft.rfft(_sharded(jnp.asarray(rho), grid)), _sharded(jnp.zeros((*SHAPE, 3)), grid),
+                                 0.8, grid, p))
     o = np.exp(-(p.kl / k0) ** 2) * np.exp(-(k0 / p.ks) ** 4)
     want = -p.alpha * 0.8 ** p.mu * amp * o * np.sin(k0 * x) / k0
     np.testing.assert_allclose(s[:, 0, 0, 0], want, rtol=1e-10, atol=1e-12 * np.abs(want).max())
@@ -52,23 +53,33 @@ def test_filter_high_and_low_pass():
 
 
 def test_hook_with_the_shift_matches_finite_differences_and_is_off_at_alpha_zero():
+    """Through the hook as the PM step calls it, with the density's FFT and stencil that the PM
+    force hands over (fli.nbody.density_of builds them from the same particles): derivatives in
+    the particles' positions and in the painted density (its FFT's route) by central
+    differences; alpha = 0 paints what the hook without the shift paints."""
     geom = L.LensGeometry.create(planck18(), (100.0, 100.0, 800.0), (8, 8, 64), 4, 5.0, 8, 0.25)
     grid = Grid((8, 8, 64), (100.0, 100.0, 800.0), make_mesh((2, 2)), halo=1, dtype="float64")
     rng = np.random.default_rng(0)
     with jax.enable_x64(True):
         disp = _sharded(jnp.asarray(rng.uniform(-6, 6, size=(8, 8, 64, 3))), grid)
+        # a density other than the particles' own, so that its derivative is not their positions'
         rho = _sharded(jnp.asarray(1.0 + 0.5 * rng.normal(size=(8, 8, 64))), grid)
+
+        def dens(r, d):
+            own = density_of(d, grid)
+            return Density(r, grid.fft.rfft(r), own.stencil)
+
         w = jnp.asarray(rng.normal(size=(8, 8)))
         on = particle_plane_hook(geom, grid, pgd=PGDParams(alpha=0.5, kl=0.1, ks=0.5))
         off = particle_plane_hook(geom, grid, pgd=PGDParams(alpha=0.0))
         bare = particle_plane_hook(geom, grid)
-        planes = jax.jit(lambda r, d: [h(r, d, 0.9, 1)[0] for h in (on, off, bare)])(rho, disp)
+        planes = jax.jit(lambda r, d: [h(dens(r, d), d, 0.9, 1)[0] for h in (on, off, bare)])(rho, disp)
         p_on, p_off, p_bare = (np.asarray(p) for p in planes)
         np.testing.assert_array_equal(p_off, p_bare)
         assert np.abs(p_on - p_bare).max() > 1.0
 
         def loss(d, r):
-            return jnp.sum(w * on(r, d, 0.9, 1)[0])
+            return jnp.sum(w * on(dens(r, d), d, 0.9, 1)[0])
 
         vg = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
         gd, gr = vg(disp, rho)[1]
