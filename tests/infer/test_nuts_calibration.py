@@ -1,4 +1,4 @@
-"""fli-nuts calibrated on a posterior known in closed form.
+"""fli-sample's NUTS and adjusted MCLMC calibrated on a posterior known in closed form.
 
 The linear forward (``simulation.forward=linear``) at fixed cosmology (``prior.sample=[]``)
 makes kappa linear in the white noise, so the posterior of s is Gaussian:
@@ -23,7 +23,7 @@ import pytest
 
 from fli.cli.common import compose
 from fli.cli.mock import main as mock_main
-from fli.cli.nuts import main as nuts_main
+from fli.cli.sample import main as sample_main
 from tests.helpers.posterior import SMALL
 
 # a deep survey (sigma_e 0.05): the data then dominate the largest modes, so the check covers
@@ -46,16 +46,20 @@ def _mode_vectors(shape):
 
 # measured alone, one after the other: 171 s in its optimised child, 234 s at -O0 (204 s in the
 # fresh-clone CI of 063a3ad)
-@pytest.mark.slow(seconds=140)  # 139 s in the fresh-clone CI of 469bd9a
-def test_nuts_matches_the_gaussian_posterior_of_the_linear_forward(tmp_path):
+@pytest.mark.parametrize("target", [
+    pytest.param("calibration", id="nuts", marks=pytest.mark.slow(seconds=140)),  # 139 s, fresh-clone CI of 469bd9a
+    # issue 20: adjusted MCLMC against CG's field moments; 63 s on one core beside a niced study
+    pytest.param("calibration_adjusted_mclmc", id="adjusted_mclmc", marks=pytest.mark.slow(seconds=70)),
+])
+def test_a_chain_matches_the_gaussian_posterior_of_the_linear_forward(tmp_path, target):
     """The chain and the CG reference run in a child process compiled with XLA's default
-    optimisation: 900 NUTS transitions of up to 127 gradients each are running, not compiling
+    optimisation: 900 transitions of up to 127 gradients each are running, not compiling
     (tests/helpers/optimised.py)."""
     import arviz as az
 
     from tests.helpers.optimised import run_optimised
 
-    got = run_optimised(f"{__name__}:calibration", tmp_path / "calibration.npz")
+    got = run_optimised(f"{__name__}:{target}", tmp_path / "calibration.npz")
     proj, m_true, v_true, vs = got["proj"], got["m_true"], got["v_true"], got["vs"]
     assert int(got["divergences"]) == 0
     assert proj.shape == (got["draws"], len(vs))
@@ -81,8 +85,8 @@ def test_nuts_matches_the_gaussian_posterior_of_the_linear_forward(tmp_path):
     assert np.all(np.abs(z_var) < 4), report
 
 
-def calibration() -> dict[str, np.ndarray]:
-    """The test's chain (fli-mock and fli-nuts of LINEAR) and its CG reference: the chain's
+def calibration(kernel: str = "nuts") -> dict[str, np.ndarray]:
+    """The test's chain (fli-mock and fli-sample of LINEAR) and its CG reference: the chain's
     projections onto the modes after warm-up, and their posterior means and variances."""
     import shutil
     import tempfile
@@ -90,12 +94,21 @@ def calibration() -> dict[str, np.ndarray]:
 
     tmp_path = Path(tempfile.mkdtemp(prefix="fli-calibration-"))
     try:
-        return _calibration(tmp_path)
+        return _calibration(tmp_path, kernel)
     finally:
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
-def _calibration(tmp_path):
+def calibration_adjusted_mclmc() -> dict[str, np.ndarray]:
+    """:func:`calibration` with adjusted MCLMC's chain (issue 20: CG's field moments)."""
+    return calibration("adjusted_mclmc")
+
+
+# each kernel's own settings beside LINEAR's
+KERNEL_OVERRIDES = {"nuts": ["inference.max_tree_depth=7"], "adjusted_mclmc": ["inference.kernel=adjusted_mclmc"]}
+
+
+def _calibration(tmp_path, kernel: str = "nuts"):
     import zarr
 
     from fli.infer.laplace import cg
@@ -103,12 +116,12 @@ def _calibration(tmp_path):
     from fli.infer.model import Latents
     from fli.infer.run_store import complete_chunks, read_chunks
 
-    mock, run = tmp_path / "mock", tmp_path / "nuts"
+    mock, run = tmp_path / "mock", tmp_path / "chain"
     assert mock_main([*LINEAR, f"run_dir={mock}"]) == 0
     warm, draws = 300, 600
-    assert nuts_main([*LINEAR, f"mock={mock}", f"run_dir={run}", f"inference.num_warmup={warm}",
+    assert sample_main([*LINEAR, f"mock={mock}", f"run_dir={run}", f"inference.num_warmup={warm}",
                       f"inference.num_samples={draws}", "inference.chunk=100", "inference.field_thin=1",
-                      "inference.max_tree_depth=7", "seed=11"]) == 0
+                      *KERNEL_OVERRIDES[kernel], "seed=11"]) == 0
     st = read_chunks(run)["stats"]
     post_w = np.arange(warm + draws) >= warm
     divergences = int(st["diverging"][post_w].sum())
@@ -122,7 +135,7 @@ def _calibration(tmp_path):
         proj.append(np.einsum("dxyz,mxyz->dm", s, vs))
     proj = np.concatenate(proj)[warm:]
 
-    # the analytic posterior: the same observation and posterior as fli-nuts built
+    # the analytic posterior: the same observation and posterior as fli-sample built
     cfg, _ = compose([*LINEAR, f"mock={mock}"])
     _, post, data = prepare(cfg, logging.getLogger("test"), compare_truth=False)
     theta = jnp.zeros((0,), jnp.float32)
