@@ -247,6 +247,9 @@ class MuseConfig:
     # optimiser steps per refit of H's finite differences at most (each starts from its
     # simulation's MAP at theta); null: map_steps
     h_steps: int | None = None
+    # where Newton's iteration starts: null, the prior's median; or theta_z, the standardised
+    # latents (one per sampled parameter, a priori N(0, 1)), e.g. another run's MUSE estimate
+    start: list[float] | None = None
     gtol: float = 1e-4  # a field MAP stops when its gradient's RMS per cell is below gtol
     # "mesh": each fit sharded over every device of every process, one fit after another;
     # "processes": each process fits its own share of the simulations on its own devices
@@ -258,6 +261,13 @@ class MuseConfig:
             _check(getattr(self, k) >= 1, f"inference.map.muse.{k}", ">= 1", getattr(self, k))
         _check(self.h_steps is None or self.h_steps >= 1, "inference.map.muse.h_steps", "null (map_steps) or >= 1",
                self.h_steps)
+        if self.start is not None:
+            ok = isinstance(self.start, (list, tuple)) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in self.start)
+            _check(ok and _finite(*self.start), "inference.map.muse.start",
+                   "null (the prior's median) or a list of finite standardised latents, one per sampled parameter",
+                   self.start)
+            self.start = [float(v) for v in self.start]
         for k in ("tol", "fd_step", "gtol"):
             v = getattr(self, k)
             _check(_finite(v) and v > 0, f"inference.map.muse.{k}", "> 0", v)

@@ -104,6 +104,9 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
         why = "inference.map.fix_cosmology is true" if theta_fixed is not None else "prior.sample is empty"
         raise ConfigError(f"inference.map.estimator=muse estimates the sampled parameters, but {why}: "
                           f"set inference.map.estimator=joint, or sample parameters")
+    if mcfg.estimator == "muse" and mcfg.muse.start is not None and len(mcfg.muse.start) != post.prior.n:
+        raise ConfigError(f"inference.map.muse.start has {len(mcfg.muse.start)} values: give one standardised "
+                          f"latent per sampled parameter ({', '.join(post.names)}), or null for the prior's median")
     if mcfg.estimator == "muse" and mcfg.muse.spread == "processes":
         from fli.infer.muse_run import local_pdims  # noqa: PLC0415
 

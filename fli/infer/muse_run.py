@@ -1,7 +1,8 @@
 """MUSE inside ``fli-map`` (``inference.map.estimator=muse``): run, resume, report, draw.
 
 After the joint MAP, :func:`run_muse` starts MUSE's iteration (fli.infer.muse) from the prior's
-median (``theta_z = 0``), not from the joint MAP's theta: that one is biased, often several MUSE
+median (``theta_z = 0``; ``inference.map.muse.start`` sets another point, for example another
+analysis's estimate of a similar data set), not from the joint MAP's theta: that one is biased, often several MUSE
 sds out in a prior's tail (sigma8's latent at 2.1 on the tiny linear mock, against a truth at
 0.04), where H is another matrix. The data's field MAP starts from zero, as every
 simulation's does, and later from its own previous MAP, as they do: where a fit ends at its
@@ -158,9 +159,12 @@ def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
         log.info("MUSE: the fits spread over %d processes, each on its own %s mesh", size,
                  "x".join(map(str, post.fwd.grid.pdims)))
     m = Muse(post, data, settings, cfg.inference.map, seed=cfg.seed, store=store, log=log, rank=rank, size=size)
-    theta0 = np.zeros(post.prior.n)
-    log.info("MUSE of %s: %d simulations per iteration, up to %d Newton iterations, from the prior's median",
-             ", ".join(post.names), settings.n_sims, settings.iterations)
+    start = getattr(settings, "start", None)
+    theta0 = np.zeros(post.prior.n) if start is None else np.asarray(start, np.float64)
+    log.info("MUSE of %s: %d simulations per iteration, up to %d Newton iterations, from %s",
+             ", ".join(post.names), settings.n_sims, settings.iterations,
+             "the prior's median" if start is None else
+             f"theta_z = {np.round(theta0, 4).tolist()} (inference.map.muse.start)")
     if is_writer():
         (run_dir / ITERATIONS).unlink(missing_ok=True)
 

@@ -67,6 +67,8 @@ def _run(args, **kw):
     (["inference.map.estimator=mu"], "inference.map.estimator"),
     (["inference.map.muse.spread=nodes"], "inference.map.muse.spread"),
     (["inference.map.muse.h_steps=0"], "inference.map.muse.h_steps"),
+    (["inference.map.muse.start=[0.1,nan]"], "inference.map.muse.start"),
+    (["inference.map.estimator=muse", "inference.map.muse.start=[0.1]"], "inference.map.muse.start has 1 values"),
 ])
 def test_bad_input_is_refused_and_nothing_written(small_mock, tmp_path, capsys, over, match):
     run = tmp_path / "refused"
