@@ -159,7 +159,7 @@ def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
         log.info("MUSE: the fits spread over %d processes, each on its own %s mesh", size,
                  "x".join(map(str, post.fwd.grid.pdims)))
     m = Muse(post, data, settings, cfg.inference.map, seed=cfg.seed, store=store, log=log, rank=rank, size=size)
-    start = getattr(settings, "start", None)
+    start = settings.start
     theta0 = np.zeros(post.prior.n) if start is None else np.asarray(start, np.float64)
     log.info("MUSE of %s: %d simulations per iteration, up to %d Newton iterations, from %s",
              ", ".join(post.names), settings.n_sims, settings.iterations,
