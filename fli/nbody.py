@@ -67,9 +67,11 @@ class Density(NamedTuple):
 
 
 def density_of(disp: Array, grid: Grid) -> Density:
-    """:class:`Density` of particles at ``disp`` [Mpc/h], as the PM force computes it."""
-    st = cic_stencil(disp / jnp.asarray(grid.cell, disp.dtype), grid.mesh, grid.halo)
-    rho = cic_paint(disp / jnp.asarray(grid.cell, disp.dtype), grid.mesh, grid.halo, stencil=st)
+    """:class:`Density` of particles at ``disp`` [Mpc/h]: the PM force's (one CIC stencil, one
+    paint, one forward FFT)."""
+    cells = disp / jnp.asarray(grid.cell, disp.dtype)
+    st = cic_stencil(cells, grid.mesh, grid.halo)
+    rho = cic_paint(cells, grid.mesh, grid.halo, stencil=st)
     return Density(rho, grid.fft.rfft(rho), st)
 
 
@@ -143,18 +145,14 @@ def pm_force(cosmo: Cosmology, disp: Array, grid: Grid) -> tuple[Array, Density]
     and the particles' stencil, which the step's hook may reuse.
     """
     plan = grid.fft
-    cell = jnp.asarray(grid.cell, disp.dtype)
-    cells = disp / cell
-    st = cic_stencil(cells, grid.mesh, grid.halo)  # shared by the paint, the read and their adjoints
-    rho = cic_paint(cells, grid.mesh, grid.halo, stencil=st)
+    dens = density_of(disp, grid)  # its stencil is shared by the paint, the read and their adjoints
     kernel = inv_laplace_kernel(plan, grid.box, dtype=grid.dtype)
     if grid.force_correction:
         kernel = kernel * force_correction_kernel(plan, grid.box, grid.force_correction, dtype=grid.dtype)
-    rho_k = plan.rfft(rho)
-    pot_k = rho_k * (1.5 * cosmo.Omega_m * kernel)
+    pot_k = dens.rho_k * (1.5 * cosmo.Omega_m * kernel)
     comps = jnp.stack([plan.irfft(-gradient_kernel(plan, grid.box, i, dtype=grid.dtype) * pot_k) for i in range(3)])
-    force = cic_read(comps, cells, grid.mesh, grid.halo, stencil=st)
-    return force.astype(disp.dtype), Density(rho, rho_k, st)
+    force = cic_read(comps, disp / jnp.asarray(grid.cell, disp.dtype), grid.mesh, grid.halo, stencil=dens.stencil)
+    return force.astype(disp.dtype), dens
 
 
 def _max_cells(disp: Array, grid: Grid) -> Array:
