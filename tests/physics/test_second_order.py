@@ -152,8 +152,8 @@ def test_pm_force_hvp_displacements_and_omega_c(pdims):
         v = (jnp.float64(0.8), _put(rng.normal(size=SHAPE + (3,)), grid.mesh))
 
         def U(z):
-            force, rho = pm_force(_cosmo(z[0]), z[1], grid)
-            return jnp.sum(rho**3) + jnp.sum(force * w) + jnp.sum(force**2)
+            force, dens = pm_force(_cosmo(z[0]), z[1], grid)
+            return jnp.sum(dens.rho**3) + jnp.sum(force * w) + jnp.sum(force**2)
 
         _check_hvp(U, z, v)
 
