@@ -376,7 +376,8 @@ def plane_hook(geometry: LensGeometry, grid):
     """Per-step PM hook ``hook(density, disp, a, step) -> plane``.
 
     ``density`` is the PM force's :class:`fli.nbody.Density`, whose ``rho`` is the particle
-    count per cell ``[nx, ny, nz]`` (mean 1) sharded ``P('x', 'y')``; the hook returns, for step ``j``, the slab of plane
+    count per cell ``[nx, ny, nz]`` (mean 1) sharded ``P('x', 'y')``; the hook returns, for
+    step ``j``, the slab of plane
     ``i = n_used - 1 - j``: ``sum over its m z-cells of (density - 1) * dz`` [Mpc/h] (the
     density contrast integrated over the slab), ``[nx, ny]`` sharded ``P('x', 'y')``.  The
     slab is cut on the local z axis inside ``shard_map`` (z is not sharded): nothing is

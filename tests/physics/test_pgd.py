@@ -33,8 +33,8 @@ def test_shift_of_a_plane_wave_is_its_closed_form(pdims):
     amp = 0.3
     with jax.enable_x64(True):
         rho = np.broadcast_to((1.0 + amp * np.cos(k0 * x))[:, None, None], SHAPE).copy()
-        s = np.asarray(pgd_shift(grid.fft.rfft(_sharded(jnp.asarray(rho), grid)), _sharded(jnp.zeros((*SHAPE, 3)), grid),
-                                 0.8, grid, p))
+        rho_k = grid.fft.rfft(_sharded(jnp.asarray(rho), grid))
+        s = np.asarray(pgd_shift(rho_k, _sharded(jnp.zeros((*SHAPE, 3)), grid), 0.8, grid, p))
     o = np.exp(-(p.kl / k0) ** 2) * np.exp(-(k0 / p.ks) ** 4)
     want = -p.alpha * 0.8 ** p.mu * amp * o * np.sin(k0 * x) / k0
     np.testing.assert_allclose(s[:, 0, 0, 0], want, rtol=1e-10, atol=1e-12 * np.abs(want).max())
