@@ -339,7 +339,7 @@ class InferenceConfig:
     mclmc_length: str = "variance"
     # MCLMC: the energy error's variance per dimension its warm-up tunes the step size to; its bias
     # grows with it (docs/benchmarks.md measures it against adjusted MCLMC)
-    mclmc_energy_error: float = 1e-4  # 5e-4 before 2026-12-04: a bias of -0.31 sd in S8 on tiny
+    mclmc_energy_error: float = 5e-6  # 1e-4 until 2026-12-05, 5e-4 before 2026-12-04 (docs/benchmarks.md)
     num_warmup: int = 200  # warm-up transitions: step size and diagonal mass matrix adapted
     num_samples: int = 200  # draws after warm-up (may be raised to extend a run)
     max_tree_depth: int = 6  # NUTS

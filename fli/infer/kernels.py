@@ -13,7 +13,7 @@ from fli.infer.sampler import LATENTS, Kernel, numpyro_kernel
 
 
 def make_kernel(post: Posterior, sampler: str = "sharded", kernel: str = "nuts", integrator: str = "mclachlan",
-                precondition: str = "none", mclmc_length: str = "variance", mclmc_energy_error: float = 1e-4,
+                precondition: str = "none", mclmc_length: str = "variance", mclmc_energy_error: float = 5e-6,
                 **kw) -> Kernel:
     """The kernel ``kernel`` on the latent of ``inference.sampler`` (``sharded`` or
     ``numpyro``): NumPyro's NUTS or HMC (:func:`numpyro_kernel`, with ``kw``), or MCLMC,
