@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from fli.config import KERNELS, PRECONDITIONERS, SAMPLERS
 from fli.infer.adjusted_mclmc import adjusted_mclmc_kernel
-from fli.infer.mclmc import mclmc_kernel
+from fli.infer.mclmc import TARGET, mclmc_kernel
 from fli.infer.model import Posterior
 from fli.infer.precondition import lowrank_latent
 from fli.infer.sampler import LATENTS, Kernel, numpyro_kernel
 
 
 def make_kernel(post: Posterior, sampler: str = "sharded", kernel: str = "nuts", integrator: str = "mclachlan",
-                precondition: str = "none", mclmc_length: str = "variance", mclmc_energy_error: float = 5e-6,
+                precondition: str = "none", mclmc_length: str = "variance", mclmc_energy_error: float = TARGET,
                 **kw) -> Kernel:
     """The kernel ``kernel`` on the latent of ``inference.sampler`` (``sharded`` or
     ``numpyro``): NumPyro's NUTS or HMC (:func:`numpyro_kernel`, with ``kw``), or MCLMC,

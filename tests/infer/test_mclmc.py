@@ -86,9 +86,9 @@ def test_tuned_mclmc_on_8_devices_draws_the_gaussian_target():
 
     * the warm-up's tuning: the post-warm-up energy error's variance per dimension lies within
       a factor 3 of the 5e-6 it aims at (``mclmc.TARGET``; measured 5.1e-6, 4.7e-6 with the
-      leapfrog; 8.9e-5 and 9.5e-5 when it aimed at 1e-4, 5.0e-4 and 4.4e-4 at 5e-4), and L within 10 % of sqrt(sum of the
-      variances) that it estimates from the warm-up's second half (measured: every chain within
-      3 %, 5 % with the leapfrog);
+      leapfrog; 8.9e-5 and 9.5e-5 when it aimed at 1e-4, 5.0e-4 and 4.4e-4 at 5e-4), and L
+      within 10 % of sqrt(sum of the variances) that it estimates from the warm-up's second
+      half (measured: every chain within 3 %, 5 % with the leapfrog);
     * the means: each entry's mean over its Monte Carlo error (ArviZ's ESS) would be ~N(0, 1),
       their mean square over the 272 entries 1 +- 0.09. Measured 0.56 (0.60 with the
       leapfrog): the errors are smaller than ArviZ's ESS says, so the bounds [0.3, 2] test
@@ -110,9 +110,10 @@ def test_the_warm_up_reaches_its_energy_error_in_every_chain_of_a_2050_dimension
     """The same target on an 8x8x32 field (2050 entries), 200 warm-up transitions from the first
     step 0.1: the step must grow about 300x. Each chain's energy error after the warm-up must lie
     within a factor 3 of the target, the factor the test above allows all chains together.
-    Measured: 0.69-1.44x in the 8 chains (0.75-1.34x with a target of 1e-4). When the step's average kept the first half's steps
-    (until 2026-12-05), every chain ended 200-100,000x under it, its step 2-5x short: the
-    average was ruled by the ``xi / eps^6`` of the first, far shorter steps."""
+    Measured: 0.69-1.44x in the 8 chains (0.75-1.34x with a target of 1e-4). When the step's
+    average kept the first half's steps (until 2026-12-05), every chain ended 200-100,000x
+    under it, its step 2-5x short: the average was ruled by the ``xi / eps^6`` of the first,
+    far shorter steps."""
     target = Gaussian(make_mesh((2, 4)), shape=(8, 8, 32))
     _, (_, errs, div, _) = _chains(target, mclmc.mclmc_kernel(target, _latent(target), num_warmup=200,
                                                               step_size=0.1), 200, 200)
