@@ -40,7 +40,7 @@ from fli.files import write_json
 from fli.fingerprint import short
 from fli.infer.config_keys import CHAINS_MAY_DIFFER, differences, leaves
 from fli.infer.diagnose_convergence import constant, convergence, field_convergence, projection_convergence
-from fli.infer.diagnose_convergence import finite as _f
+from fli.infer.diagnose_sampler import sampler_health
 from fli.infer.inference_data import add_field_summaries, quiet_arviz
 from fli.infer.params import names_of_run
 from fli.infer.run_store import (
@@ -234,60 +234,6 @@ def combine(chains: list[Chain]):
 # ================================================================ numbers and verdicts
 
 
-def _max_depth_ends(depth, diverging, turning, maxd) -> dict:
-    """Fractions of a chain's draws whose tree reached ``maxd``, by what ended it:
-
-    * ``cap``: the depth cap (no U-turn, no divergence), and draws of a run made before
-      ``turning`` was recorded, which cannot be told apart from it (a full tree at the last
-      depth has the same length either way);
-    * ``uturn``: a U-turn at the last doubling (the trajectory was long enough);
-    * ``unrecorded``: of ``cap``, the draws with no record.
-    """
-    at_max = np.asarray(depth) >= maxd
-    turn = np.full(at_max.shape, np.nan) if turning is None else np.asarray(turning, float)
-    known = np.isfinite(turn)
-    uturn = at_max & known & (turn > 0.5)
-    cap = at_max & ~uturn & ~np.asarray(diverging, bool)
-    return {"cap": float(np.mean(cap)), "uturn": float(np.mean(uturn)), "unrecorded": float(np.mean(cap & ~known))}
-
-
-def sampler_health(idata, chains: list[Chain]) -> dict:
-    """Divergences after warm-up, E-BFMI (ArviZ), tree-depth saturation, step size and
-    acceptance, per chain and in all."""
-    import arviz as az  # noqa: PLC0415
-
-    st = idata.sample_stats
-    with quiet_arviz():
-        bfmi = np.asarray(az.bfmi(idata), float)  # NaN for MCLMC, which has no Hamiltonian to read
-    div = np.asarray(st["diverging"], bool)
-    depth = np.asarray(st["tree_depth"])
-    per = []
-    for j, c in enumerate(chains):
-        inf = c.config.get("inference", {}) or {}
-        kernel = inf.get("kernel", "nuts")
-        maxd = inf.get("max_tree_depth")
-        ends = _max_depth_ends(depth[j], div[j], st["turning"][j] if "turning" in st else None, maxd) \
-            if kernel == "nuts" and maxd is not None else {}
-        per.append({"run": str(c.run), "divergences": int(div[j].sum()), "ebfmi": _f(bfmi[j]),
-                    "tree_depth_saturation": ends.get("cap"), "max_depth_uturn": ends.get("uturn"),
-                    "max_depth_unrecorded": ends.get("unrecorded"),
-                    "max_tree_depth": maxd if kernel == "nuts" else None,
-                    "kernel": kernel, "mean_tree_depth": _f(depth[j].mean()),
-                    "step_size": _f(np.mean(st["step_size"][j])),
-                    "acceptance": _f(np.mean(st["acceptance_rate"][j])),
-                    # MCLMC: the energy error's variance per dimension (its warm-up's aim:
-                    # inference.mclmc_energy_error)
-                    "energy_error_var_per_dim": _f(np.nanmean(np.asarray(st["energy_error"][j]) ** 2))
-                    if kernel == "mclmc" and "energy_error" in st else None})
-    sats = [p["tree_depth_saturation"] for p in per if p["tree_depth_saturation"] is not None]
-    errs = [p["energy_error_var_per_dim"] for p in per if p["energy_error_var_per_dim"] is not None]
-    return {"per_chain": per, "divergences": int(div.sum()), "draws": int(div.size),
-            "divergence_fraction": float(div.mean()),
-            "ebfmi_min": _f(np.min(bfmi)) if np.all(np.isfinite(bfmi)) else None,
-            "tree_depth_saturation_max": max(sats) if sats else None,
-            "energy_error_max": max(errs) if errs else None}
-
-
 def efficiency(conv: dict, chains: list[Chain], n: int) -> dict:
     """ESS per 1000 gradient evaluations and per hour of sampling, over the draws used."""
     grads = sum(float(c.stats["gradient_evals"][n - 1]) - c.grads0 for c in chains)
@@ -375,10 +321,14 @@ def checks(conv: dict, field: dict, health: dict, d: DiagnoseConfig, proj: dict 
             _band(v, lambda x: x > d.bfmi_pass, lambda x: x > d.bfmi_warn), f"pass > {d.bfmi_pass}, "
             f"warn > {d.bfmi_warn}", worst_chain)
     if all(p["kernel"] == "mclmc" for p in health["per_chain"]):  # unadjusted: its bias grows with the error
-        e = health.get("energy_error_max")
-        add("energy_error", "largest variance per dimension of a chain's energy error (MCLMC)", e,
-            _band(e, lambda x: x < d.energy_error_pass, lambda x: x < d.energy_error_warn),
-            f"pass < {d.energy_error_pass:g}, warn < {d.energy_error_warn:g}")
+        e = health.get("energy_error_ratio_max")
+        worst = None if e is None else max(health["per_chain"], key=lambda p: p["energy_error_ratio"] or 0)
+        add("energy_error", "largest ratio of a chain's energy-error variance per dimension to its target "
+            "(MCLMC, inference.mclmc_energy_error)", e,
+            _band(e, lambda x: x < d.energy_error_ratio_pass, lambda x: x < d.energy_error_ratio_warn),
+            f"pass < {d.energy_error_ratio_pass:g}x, warn < {d.energy_error_ratio_warn:g}x the target",
+            None if worst is None else f"{worst['run']}: {worst['energy_error_var_per_dim']:.3g} against "
+                                       f"{worst['energy_error_target']:.3g}")
     frac = health["divergence_fraction"]
     add("divergences", f"divergences after warm-up ({health['divergences']} of {health['draws']} draws)", frac,
         _band(frac, lambda x: x == 0, lambda x: x < d.divergence_warn),
@@ -540,7 +490,7 @@ def run_diagnose(cfg, resolved: dict, run_dir: Path, log: logging.Logger) -> dic
 
         data = figure_data(idata, chains, cfg.diagnose, notes, obs)
         report["figures"], report["figure_notes"] = figures(
-            idata, chains, data, run_dir, log, notes, cfg.diagnose.energy_error_pass), notes
+            idata, chains, data, run_dir, log, notes, cfg.diagnose.energy_error_ratio_pass), notes
     else:
         report["figures"], report["figure_notes"] = {}, ["diagnose.figures=false"]
     write_json(run_dir / DIAGNOSTICS_JSON, report)

@@ -71,9 +71,12 @@ def prior_s8(config: dict, n: int = 20000, seed: int = 0) -> np.ndarray:
     import jax  # noqa: PLC0415
 
     from fli.config import to_config  # noqa: PLC0415
+    from fli.infer.config_keys import DIAGNOSE  # noqa: PLC0415
     from fli.infer.priors import PriorTransform  # noqa: PLC0415
 
-    cfg = to_config({k: v for k, v in config.items() if k != "hydra"})
+    # fli-diagnose's own keys are dropped: they never shaped the run, and a run saved before one
+    # of them was renamed (diagnose.energy_error_pass) would not validate
+    cfg = to_config({k: v for k, v in config.items() if k != "hydra" and k not in DIAGNOSE})
     pt = PriorTransform.from_config(cfg.prior)
     x = np.asarray(pt.sample(jax.random.PRNGKey(seed), (n,)), float)
     p = {k: np.full(n, v) for k, v in cfg.cosmology.parameters().items()}

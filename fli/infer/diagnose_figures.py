@@ -18,17 +18,19 @@ from pathlib import Path
 
 import numpy as np
 
+from fli.infer.diagnose_sampler import energy_error_target
 from fli.infer.inference_data import quiet_arviz
 from fli.infer.params import names_of_run
 from fli.plots import pyplot, save_figure
 
 
 def figures(idata, chains, data: dict, run_dir: Path, log: logging.Logger, notes: list[str],
-            energy_error_pass: float | None = None) -> dict:
+            energy_error_ratio_pass: float | None = None) -> dict:
     """Draw every figure into ``run_dir`` from the InferenceData and ``data``
     (:func:`fli.infer.diagnose_fields.figure_data`); returns ``{name: path}``, adding to
-    ``notes`` what was skipped. ``energy_error_pass`` (diagnose's band) is drawn on the energy
-    errors of unadjusted MCLMC (the adjusted kernel's are held by its acceptance instead)."""
+    ``notes`` what was skipped. Diagnose's pass band, ``energy_error_ratio_pass`` times the
+    chains' largest target (``inference.mclmc_energy_error``), is drawn on the energy errors of
+    unadjusted MCLMC (the adjusted kernel's are held by its acceptance instead)."""
     import arviz as az  # noqa: PLC0415
 
     plt = pyplot()
@@ -74,9 +76,10 @@ def figures(idata, chains, data: dict, run_dir: Path, log: logging.Logger, notes
     if "energy_error" in stats and not np.isfinite(np.asarray(stats["energy"])).any():
         notes.append("energy: not drawn (MCLMC has no Hamiltonian energy; energy_error.png instead)")
         unadjusted = all(c.config.get("inference", {}).get("kernel") == "mclmc" for c in chains)
-        draw("energy_error", lambda: energy_error(np.asarray(stats["energy_error"]),
-                                                  energy_error_pass if unadjusted else None,
-                                                  run_dir / "energy_error.png"))
+        target = max(energy_error_target(c.config["inference"]) for c in chains) if unadjusted else None
+        band = energy_error_ratio_pass * target if target and energy_error_ratio_pass else None
+        draw("energy_error", lambda: energy_error(np.asarray(stats["energy_error"]), band,
+                                                  run_dir / "energy_error.png", target))
     else:
         arviz_fig("energy", lambda: az.plot_energy(idata, figsize=(6, 4)))
     if data["prior_s8"] is not None:
@@ -136,24 +139,32 @@ def s8_prior(idata, prior: np.ndarray, ref, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def energy_error(err: np.ndarray, band: float | None, path: Path) -> Path:
+def energy_error(err: np.ndarray, band: float | None, path: Path, target: float | None = None) -> Path:
     """MCLMC's energy error per transition over sqrt(dimension), ``err [chain, draw]``: its
-    trace and its histogram per chain, with a normal of variance ``band`` (the pass band of its
-    variance per dimension) for scale."""
+    trace and its histogram per chain (density on a log scale: a chain past its warm-up's aim
+    shows as a heavy tail), with a normal of variance ``band`` (the pass band of its variance
+    per dimension) for scale; each chain's mean square is given over ``target`` (the variance
+    its warm-up aimed at) where there is one."""
     plt = pyplot()
     fig, ax = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
     finite = err[np.isfinite(err)]
     lim = max(float(np.max(np.abs(finite))) if finite.size else 1.0, 3 * np.sqrt(band) if band else 0.0)
-    bins = np.linspace(-lim, lim, 61)
+    bins, top = np.linspace(-lim, lim, 121), 0.0
     for c, e in enumerate(err):
         ms = float(np.nanmean(e**2))
-        ax[0].plot(e, lw=0.6, color=f"C{c % 10}", label=f"chain {c}: mean square {ms:.2g}")
-        ax[1].hist(e[np.isfinite(e)], bins=bins, density=True, histtype="step", color=f"C{c % 10}")
+        over = f" ({ms / target:.2g}x the target)" if target else ""
+        ax[0].plot(e, lw=0.6, color=f"C{c % 10}", label=f"chain {c}: mean square {ms:.2g}{over}")
+        h, _, _ = ax[1].hist(e[np.isfinite(e)], bins=bins, density=True, histtype="step", color=f"C{c % 10}")
+        top = max(top, float(np.max(h)) if h.size else 0.0)
     if band:
         x = np.linspace(-lim, lim, 200)
         ax[1].plot(x, np.exp(-0.5 * x**2 / band) / np.sqrt(2 * np.pi * band), "k--", lw=0.9,
-                   label=f"normal, variance {band:g} (the pass band)")
+                   label=f"normal, variance {band:g} (the pass band: energy_error_ratio_pass x the target)")
         ax[1].legend(fontsize=7)
+        top = max(top, 1 / np.sqrt(2 * np.pi * band))
+    if finite.size:  # from about a third of one draw's density to twice the highest
+        ax[1].set_yscale("log")
+        ax[1].set_ylim(0.3 / (finite.size / err.shape[0] * (bins[1] - bins[0])), 2 * top)
     ax[0].set_xlabel("draw (after warm-up)")
     ax[0].set_ylabel(r"energy error / $\sqrt{d}$")
     ax[0].legend(fontsize=7)

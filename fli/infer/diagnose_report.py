@@ -58,7 +58,8 @@ def render(report: dict, run_dir: Path) -> str:
     e = html.escape
     parts = [f"<h1>fli-diagnose {_badge(report['verdict'])}</h1>",
              f"<p>{report['chains']} chain(s), {report['draws_per_chain']} post-warm-up draws each; exit status "
-             f"{report['exit_status']} (0 pass, 3 warn, 4 fail; 2 is bad input, with no report).</p>", "<h2>Checks</h2>"]
+             f"{report['exit_status']} (0 pass, 3 warn, 4 fail; 2 is bad input, with no report).</p>",
+             "<h2>Checks</h2>"]
     parts.append(_table(["check", "what", "value", "verdict", "bands"],
                         [[e(c["check"]), e(c["what"] + (f" [{c['where']}]" if c.get("where") else "")),
                           _value(c), _badge(c["verdict"]), e(c["bands"])] for c in report["checks"]], 2))
