@@ -65,6 +65,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import re
 import shutil
 import warnings
@@ -314,7 +315,8 @@ def save_checkpoint(ckpt_dir: str | Path, step: int, state: Any, meta: dict, kee
         path = jax.tree_util.keystr(kp)
         rec, value = _leaf_record(path, leaf)
         records.append({"path": path} | rec | {"checksum": checksum})
-        values[name] = value
+        if np.size(value):  # orbax refuses a zero-size array (theta at fixed cosmology): its record is all of it
+            values[name] = value
     sidecar = {"fli_checkpoint": FORMAT_VERSION, "step": step, "process_count": jax.process_count(),
                "meta": jsonable(dict(meta)), "leaves": records}
     final = step_path(ckpt_dir, step)
@@ -484,7 +486,9 @@ def restore_checkpoint(ckpt_dir: str | Path, step: int | None, target: Any) -> t
                                  f"{len(flat)}: {_first_path_difference(records, flat)}")
     wanted, names = {}, _names(len(flat))
     for name, rec, (kp, leaf) in zip(names, records, flat):
-        wanted[name] = _restore_spec(path, rec, jax.tree_util.keystr(kp), leaf)
+        spec = _restore_spec(path, rec, jax.tree_util.keystr(kp), leaf)
+        if math.prod(rec["shape"]):
+            wanted[name] = spec
     got, why = {}, None
     try:
         with _quiet_orbax():
@@ -497,7 +501,8 @@ def restore_checkpoint(ckpt_dir: str | Path, step: int | None, target: Any) -> t
         why = f"unreadable ({type(e).__name__}: {_one_line(e)})"
     leaves = []
     if why is None:
-        leaves = [_finish(rec, got[name], leaf) for name, rec, (_, leaf) in zip(names, records, flat)]
+        leaves = [_finish(rec, got[name] if name in got else _empty(rec, leaf), leaf)
+                  for name, rec, (_, leaf) in zip(names, records, flat)]
         sums = checksums(leaves)
         bad = [rec["path"] for rec, s in zip(records, sums, strict=True) if rec.get("checksum", s) != s]
         if bad:
@@ -550,6 +555,13 @@ def _restore_spec(path: Path, rec: dict, kp: str, leaf):
     if _placement(leaf) is not None:
         return np.empty(shape, dtype)
     return jax.ShapeDtypeStruct(shape, dtype, sharding=leaf.sharding)
+
+
+def _empty(rec: dict, leaf):
+    """A zero-size leaf, never handed to orbax: rebuilt from its record, on the target's sharding
+    where orbax would have read it onto one."""
+    value = np.zeros(rec["shape"], rec["dtype"])
+    return jax.device_put(value, leaf.sharding) if _placement(leaf) is None else value
 
 
 def _placement(leaf) -> str | None:

@@ -304,6 +304,25 @@ def test_empty_state_round_trips(tmp_path):
     assert got == {"opt": optax.EmptyState(), "none": None} and meta == {"only": "meta"}
 
 
+def test_zero_size_leaves_round_trip_on_their_sharding(tmp_path):
+    """At fixed cosmology (``prior.sample=[]``) theta is a zero-size array, which orbax refuses
+    to save: fli-map's first checkpoint stopped the run. Such leaves are kept by their record
+    alone and come back as zero-size arrays of the saved dtype, on the target's sharding."""
+    mesh = make_mesh((2, 4))
+    state = {"theta": jax.device_put(jnp.zeros((0,), jnp.float32), replicated(mesh)), "field": field(1, mesh),
+             "hist": np.zeros((0, 3))}
+    save_checkpoint(tmp_path, 1, state, {})
+    other = make_mesh((1, 2))  # read on another layout
+    target = {"theta": jax.ShapeDtypeStruct((0,), jnp.float32, sharding=replicated(other)),
+              "field": jax.ShapeDtypeStruct(SHAPE, jnp.float32, sharding=field_sharding(other)),
+              "hist": np.ones((0, 3))}
+    got, _ = restore_checkpoint(tmp_path, 1, target)
+    assert_tree_bitwise(got, state)
+    assert got["theta"].shape == (0,) and got["theta"].sharding == replicated(other)
+    with pytest.raises(CheckpointMismatch, match=r"leaf \['theta'\]: saved float32\[0\], target is float32\[2\]"):
+        restore_checkpoint(tmp_path, 1, target | {"theta": jnp.zeros(2, jnp.float32)})
+
+
 # --------------------------------------------------------------------------- config
 
 
