@@ -51,8 +51,10 @@ def block_hash(a: np.ndarray) -> str:
 
 
 def chunk_grid(shape, chunks) -> Iterator[tuple[str, tuple[slice, ...]]]:
-    """``(key, slices)`` of every chunk of an array of ``shape`` cut in ``chunks``."""
-    counts = [max(1, -(-int(n) // int(c))) for n, c in zip(shape, chunks, strict=True)]
+    """``(key, slices)`` of every chunk of an array of ``shape`` cut in ``chunks``; a zero-size
+    axis (chunked 0 where its chunks are its shape: a theta of no sampled parameter) is one empty chunk."""
+    chunks = [max(1, int(c)) for c in chunks]
+    counts = [max(1, -(-int(n) // c)) for n, c in zip(shape, chunks, strict=True)]
     for idx in itertools.product(*(range(n) for n in counts)):
         sl = tuple(slice(i * int(c), min((i + 1) * int(c), int(n))) for i, c, n in zip(idx, chunks, shape,
                                                                                        strict=True))

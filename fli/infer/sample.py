@@ -184,7 +184,8 @@ def run_chains(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger, 
     programs: dict[int, object] = {}
     log.info("%s on %d latents (%s field, %s, %d warm-up + %d draws in chunks of %d; %s forward, %s light cone%s); "
              "start: %s", icfg.kernel.upper(), post.dim, "x".join(map(str, grid.shape)),
-             ", ".join(names), icfg.num_warmup, icfg.num_samples, icfg.chunk, post.fwd.kind, post.fwd.lightcone,
+             ", ".join(names) or "fixed cosmology", icfg.num_warmup, icfg.num_samples, icfg.chunk, post.fwd.kind,
+             post.fwd.lightcone,
              f"; {n_chains} vectorised chains" if n_chains > 1 else "",
              init_desc.get("init") if isinstance(init_desc, dict) else init_desc)
     observed = {"noise_sigma": np.asarray(obs.noise_sigma, np.float64).reshape(-1),
@@ -234,7 +235,8 @@ def run_chains(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger, 
             write_combined_inference_data(run_dir, chain_dirs)
         post_mask = np.arange(done - n, done) >= icfg.num_warmup
         n_div_post += int(np.sum(np.asarray(host.info.diverging)[post_mask]))
-        _progress(log, icfg, done, total, host, acc, dt / n, n_div_post, time.perf_counter() - t_start, i, chunk0)
+        _progress(log, icfg, done, total, host, acc, dt / n, n_div_post, time.perf_counter() - t_start, i, chunk0,
+                  bool(names))
         i += 1
     summaries = [_summary(d, icfg, post, seconds0, init_desc, time.perf_counter() - t0) for d in chain_dirs]
     if n_chains == 1:
@@ -274,9 +276,11 @@ def _combined_summary(summaries: list[dict], chain_dirs: list[Path]) -> dict:
     return out
 
 
-def _progress(log, icfg, done, total, draws: Draws, acc: Accum, per_draw, n_div, elapsed, i, chunk0) -> None:
+def _progress(log, icfg, done, total, draws: Draws, acc: Accum, per_draw, n_div, elapsed, i, chunk0,
+              sampled: bool = True) -> None:
     """One line per chunk (rank 0); ``draws`` on the host, ``[n, chains]``; with several
-    chains the step size is each chain's and the rest is over all of them."""
+    chains the step size is each chain's and the rest is over all of them. A chain whose
+    parameters did not move is warned of where any is ``sampled`` (at fixed cosmology none moves)."""
     info = draws.info
     warm = min(done, icfg.num_warmup)
     left = (total - done) * per_draw
@@ -301,7 +305,7 @@ def _progress(log, icfg, done, total, draws: Draws, acc: Accum, per_draw, n_div,
              ", ".join(f"{k} " + " ".join(f"{x:.4g}" for x in v[-1]) for k, v in params.items()),
              " ".join(f"{x:.3g}" for x in steps), what, n_div, int(np.sum(replicated_to_host(acc.grads))), per_draw,
              _fmt_time(left))
-    for c in range(next(iter(params.values())).shape[1] if params else 0):
+    for c in range(next(iter(params.values())).shape[1] if params and sampled else 0):
         still = [f"{k} = {v[0, c]:.4g}" for k, v in params.items() if v.shape[0] > 1 and np.ptp(v[:, c]) == 0]
         if still:  # e.g. MCLMC from the prior on the default size: theta ran to its prior's edges (docs/benchmarks.md)
             log.warning("chain %d did not move in chunk %d (%s): stuck, at a prior's edge if the value is one "

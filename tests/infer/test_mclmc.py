@@ -326,3 +326,11 @@ def test_the_progress_line_shows_each_chains_parameters_and_warns_of_one_that_st
     assert "Omega_c 0.15 0.27, sigma8 0.5 0.82" in line
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith("chain 0 did not move in chunk 1 (Omega_c = 0.15, sigma8 = 0.5)")
+    # at fixed cosmology (prior.sample=[]) no parameter moves in any chain: the derived ones read
+    # the run's cosmology, and a warning would cry wolf at every chunk
+    caplog.clear()
+    fixed = SimpleNamespace(info=info, params={"S8": np.full((n, 2), 0.82), "Omega_m": np.full((n, 2), 0.31)})
+    with caplog.at_level(logging.INFO, logger="test-progress"):
+        _progress(log, icfg, 10, 15, fixed, SimpleNamespace(grads=np.array([40, 40])), 0.4, 0, 4.0, 1, 0,
+                  sampled=False)
+    assert [r.levelno for r in caplog.records] == [logging.INFO]

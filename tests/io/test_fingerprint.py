@@ -102,6 +102,24 @@ def test_read_verified_returns_any_block_across_chunks(tmp_path):
     assert block_hash(x) != block_hash(x.astype(np.float64))  # the dtype is part of the hash
 
 
+def test_zero_size_arrays_are_written_fingerprinted_and_read_back(tmp_path):
+    """A preconditioner built at fixed cosmology (``prior.sample=[]``) stores a theta of no
+    values, whose chunks are its shape, 0: the fingerprint's chunk grid divided by it. Such an
+    array is one empty chunk, hashed alike when written and when read back."""
+    import jax.numpy as jnp
+
+    from fli.fingerprint import record
+
+    write_arrays(tmp_path / "g.zarr", {"theta": jnp.zeros((0,), jnp.float32), "vecs": np.zeros((3, 0)),
+                                       "x": np.arange(4.0)}, {})
+    g = zarr.open_group(str(tmp_path / "g.zarr"), mode="r")
+    assert read_verified(g["theta"]).shape == (0,) and read_verified(g["vecs"]).shape == (3, 0)
+    np.testing.assert_array_equal(read_verified(g["x"]), np.arange(4.0))
+    written = dict(g.attrs)[GROUP_ATTR]
+    shutil.copytree(tmp_path / "g.zarr", tmp_path / "h.zarr")
+    assert record(zarr.open_group(str(tmp_path / "h.zarr"), mode="r+")) == written
+
+
 def test_a_group_written_before_fingerprints_reads_unchecked(tmp_path):
     _observation(tmp_path / "obs")
     g = zarr.open_group(str(tmp_path / "obs" / "observation.zarr"), mode="r+")
