@@ -4,12 +4,16 @@
 ``memory``: compiles (does not run) one NUTS transition of the posterior, as fli-nuts builds
 it, for each sampler (``inference.sampler=sharded|numpyro``) on each device layout, and reads
 XLA's memory analysis per device (arguments, outputs, temporaries) and the compiled HLO's
-collectives with a field-sized operand. The posterior gradient alone is compiled beside it: its
+collectives with a field-sized operand. ``lowrank`` is the sharded sampler in the low-rank
+preconditioned latent (``inference.precondition=lowrank``, fli/infer/precondition.py) with
+``--rank`` orthonormal vectors (random ones: their memory and collectives do not depend on their
+values, and building real ones costs ``2 x rank`` Hessian-vector products). The posterior gradient alone is compiled beside it: its
 collectives are the forward model's own, and its memory the floor. Each (sampler, layout) runs
 in its own process on 8 virtual CPU devices (the mesh takes the first px * py).
 
     python scripts/benchmark_sampler.py memory --overrides experiment=cube \\
         --pdims 1x1,1x2,2x2,2x4 --depth 6 --json docs/bench/sampler_memory.json
+    python scripts/benchmark_sampler.py memory --samplers sharded,lowrank --rank 256 ...
 
 ``overhead``: runs NUTS draws of the sharded kernel and times them against the posterior
 gradient, side by side in interleaved rounds: the ratio is the seconds of the draws over
@@ -55,7 +59,7 @@ def _mem(compiled, field_bytes: float) -> dict:
     return d
 
 
-def memory_one(overrides: list[str], pdims: tuple[int, int], sampler: str, depth: int) -> dict:
+def memory_one(overrides: list[str], pdims: tuple[int, int], sampler: str, depth: int, rank: int = 0) -> dict:
     """One (sampler, layout): compiled memory and field-sized collectives of one transition."""
     from types import SimpleNamespace  # noqa: PLC0415
 
@@ -75,20 +79,35 @@ def memory_one(overrides: list[str], pdims: tuple[int, int], sampler: str, depth
     obs = SimpleNamespace(kappa_obs=np.zeros((n_bins, npix, npix), grid.dtype), noise_sigma=np.full(n_bins, 3e-3),
                           mask=None)
     data = make_data(obs, post.fwd)
-    kernel = make_kernel(post, sampler, kernel="nuts", num_warmup=100, max_tree_depth=depth)
+    pre_bytes = 0
+    if sampler == "lowrank":
+        from fli.infer.precondition import VECS_SPEC, LowRank, Preconditioned  # noqa: PLC0415
+
+        kernel = make_kernel(post, "sharded", kernel="nuts", num_warmup=100, max_tree_depth=depth,
+                             precondition="lowrank")
+        # shapes only: the compiled step's memory and collectives do not depend on the values
+        vecs = jax.ShapeDtypeStruct((rank, lay.size), grid.jdtype, sharding=jax.NamedSharding(grid.mesh, VECS_SPEC))
+        pre = LowRank(jax.ShapeDtypeStruct((lay.size,), grid.jdtype, sharding=lay.sharding), vecs,
+                      jax.ShapeDtypeStruct((rank,), grid.jdtype, sharding=jax.NamedSharding(grid.mesh, jax.P())))
+        kdata = Preconditioned(data, pre)
+        pre_bytes = (rank + 1) * lay.size * np.dtype(grid.dtype).itemsize
+    else:
+        kernel = make_kernel(post, sampler, kernel="nuts", num_warmup=100, max_tree_depth=depth)
+        kdata = data
     z0 = jax.ShapeDtypeStruct((1, lay.size), grid.jdtype,
                               sharding=jax.NamedSharding(grid.mesh, jax.P(None, *lay.sharding.spec)))
     keys = jax.ShapeDtypeStruct((1, 2), jnp.uint32, sharding=jax.NamedSharding(grid.mesh, jax.P()))
-    state = kernel.template(z0, keys, data)
+    state = kernel.template(z0, keys, kdata)
     step = jax.jit(lambda s, d: jax.vmap(kernel.step, in_axes=(0, None))(s, d))
     field, fbytes = grid.n_cells, grid.n_cells * np.dtype(grid.dtype).itemsize
     t = time.perf_counter()
-    comp = step.lower(state, data).compile()
+    comp = step.lower(state, kdata).compile()
     t_step = time.perf_counter() - t
     grad = jax.jit(jax.value_and_grad(lambda z, d: post.potential_flat(z, d, precise=True)))
     gcomp = grad.lower(jax.ShapeDtypeStruct((lay.size,), grid.jdtype, sharding=lay.sharding), data).compile()
     return {"sampler": sampler, "pdims": list(pdims), "devices": pdims[0] * pdims[1], "shape": list(grid.shape),
             "halo": cfg.simulation.halo, "max_tree_depth": depth, "field_bytes": fbytes,
+            "rank": rank if sampler == "lowrank" else None, "preconditioner_bytes_all_devices": pre_bytes,
             "step": _mem(comp, fbytes), "gradient": _mem(gcomp, fbytes),
             "step_collectives_field_sized": _collectives(comp.as_text(), field),
             "gradient_collectives_field_sized": _collectives(gcomp.as_text(), field), "compile_s": t_step}
@@ -99,7 +118,7 @@ def memory(args) -> dict:
     for pd in args.pdims.split(","):
         for sampler in args.samplers.split(","):
             cmd = [sys.executable, __file__, "_memory_one", "--pdims", pd, "--samplers", sampler,
-                   "--depth", str(args.depth), "--overrides", *args.overrides]
+                   "--depth", str(args.depth), "--rank", str(args.rank), "--overrides", *args.overrides]
             env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
             t = time.perf_counter()
             r = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -192,6 +211,7 @@ def main(argv=None) -> None:
     ap.add_argument("--pdims", default="1x1,1x2,2x2,2x4")
     ap.add_argument("--samplers", default="sharded,numpyro")
     ap.add_argument("--depth", type=int, default=6)
+    ap.add_argument("--rank", type=int, default=256, help="memory: the lowrank sampler's vectors")
     ap.add_argument("--mock")
     ap.add_argument("--draws", type=int, default=4)
     ap.add_argument("--grads", type=int, default=5)
@@ -201,7 +221,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.mode == "_memory_one":
         pd = tuple(int(x) for x in args.pdims.split("x"))
-        print(json.dumps(memory_one(args.overrides, pd, args.samplers, args.depth)))
+        print(json.dumps(memory_one(args.overrides, pd, args.samplers, args.depth, args.rank)))
         return
     out = memory(args) if args.mode == "memory" else overhead(args)
     if args.json:
