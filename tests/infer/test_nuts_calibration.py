@@ -55,24 +55,32 @@ def test_a_chain_matches_the_gaussian_posterior_of_the_linear_forward(tmp_path, 
     """The chain and the CG reference run in a child process compiled with XLA's default
     optimisation: 900 transitions of up to 127 gradients each are running, not compiling
     (tests/helpers/optimised.py)."""
-    import arviz as az
-
     from tests.helpers.optimised import run_optimised
 
     got = run_optimised(f"{__name__}:{target}", tmp_path / "calibration.npz")
-    proj, m_true, v_true, vs = got["proj"], got["m_true"], got["v_true"], got["vs"]
     assert int(got["divergences"]) == 0
-    assert proj.shape == (got["draws"], len(vs))
+    assert got["proj"].shape == (got["draws"], len(got["vs"]))
     # the data constrain the first modes (posterior variance 0.73-0.75 of the prior's, measured;
     # the projection spreads a map pixel's information over many 3D modes) and leave the last
-    assert v_true.min() < 0.8 and v_true.max() > 0.99, v_true
+    assert got["v_true"].min() < 0.8 and got["v_true"].max() > 0.99, got["v_true"]
+    z_mean, z_var, ess, ess2, report = judge(got)
+    print(report)
+    assert np.all(ess > 50) and np.all(ess2 > 50), (ess, ess2)
+    assert np.all(np.abs(z_mean) < 4), report
+    assert np.all(np.abs(z_var) < 4), report
 
-    # the mean's Monte Carlo error uses the ESS of the projection; the variance's, the ESS of
-    # its squared deviation (NUTS's draws are anticorrelated in the first moment, ESS > n, but
-    # not in the second, so the mean's ESS would overstate the variance's precision)
+
+def judge(got: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str]:
+    """The chain's projections against CG's moments: ``(z of each mean, z of each variance,
+    ESS, ESS of the squared deviation, a line per projection)``. The mean's Monte Carlo error
+    uses the ESS of the projection; the variance's, the ESS of its squared deviation (NUTS's
+    draws are anticorrelated in the first moment, ESS > n, but not in the second, so the mean's
+    ESS would overstate the variance's precision)."""
+    import arviz as az
+
+    proj, m_true, v_true, vs = got["proj"], got["m_true"], got["v_true"], got["vs"]
     ess = np.asarray([float(az.ess(proj[None, :, j])) for j in range(len(vs))])
     ess2 = np.asarray([float(az.ess(((proj[:, j] - m_true[j]) ** 2)[None])) for j in range(len(vs))])
-    assert np.all(ess > 50) and np.all(ess2 > 50), (ess, ess2)
     m_hat, v_hat = proj.mean(0), proj.var(0, ddof=1)
     z_mean = (m_hat - m_true) / np.sqrt(v_true / ess)
     z_var = (v_hat / v_true - 1) / np.sqrt(2 / ess2)
@@ -80,12 +88,10 @@ def test_a_chain_matches_the_gaussian_posterior_of_the_linear_forward(tmp_path, 
                        f"vs {m_true[j]:+.3f} (z {z_mean[j]:+.2f}), var {v_hat[j]:.3f} vs {v_true[j]:.3f} "
                        f"(z {z_var[j]:+.2f}), "
                        f"ESS {ess[j]:.0f} / {ess2[j]:.0f}" for j in range(len(vs)))
-    print(report)
-    assert np.all(np.abs(z_mean) < 4), report
-    assert np.all(np.abs(z_var) < 4), report
+    return z_mean, z_var, ess, ess2, report
 
 
-def calibration(kernel: str = "nuts") -> dict[str, np.ndarray]:
+def calibration(kernel: str = "nuts", precondition: bool = False) -> dict[str, np.ndarray]:
     """The test's chain (fli-mock and fli-sample of LINEAR) and its CG reference: the chain's
     projections onto the modes after warm-up, and their posterior means and variances."""
     import shutil
@@ -94,9 +100,16 @@ def calibration(kernel: str = "nuts") -> dict[str, np.ndarray]:
 
     tmp_path = Path(tempfile.mkdtemp(prefix="fli-calibration-"))
     try:
-        return _calibration(tmp_path, kernel)
+        return _calibration(tmp_path, kernel, precondition)
     finally:
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def calibration_lowrank() -> dict[str, np.ndarray]:
+    """:func:`calibration` with NUTS in the low-rank preconditioned latent (issue 19), built at
+    a fli-map run's MAP at its full rank (the map's 128 values; fixed cosmology), where the
+    preconditioned Gauss-Newton Hessian of the linear forward is the identity."""
+    return calibration("nuts", precondition=True)
 
 
 def calibration_adjusted_mclmc() -> dict[str, np.ndarray]:
@@ -108,7 +121,7 @@ def calibration_adjusted_mclmc() -> dict[str, np.ndarray]:
 KERNEL_OVERRIDES = {"nuts": ["inference.max_tree_depth=7"], "adjusted_mclmc": ["inference.kernel=adjusted_mclmc"]}
 
 
-def _calibration(tmp_path, kernel: str = "nuts"):
+def _calibration(tmp_path, kernel: str = "nuts", precondition: bool = False):
     import zarr
 
     from fli.infer.laplace import cg
@@ -119,9 +132,16 @@ def _calibration(tmp_path, kernel: str = "nuts"):
     mock, run = tmp_path / "mock", tmp_path / "chain"
     assert mock_main([*LINEAR, f"run_dir={mock}"]) == 0
     warm, draws = 300, 600
+    extra = []
+    if precondition:
+        from fli.cli.map import main as map_main
+
+        assert map_main([*LINEAR, f"mock={mock}", f"run_dir={tmp_path / 'map'}", "inference.map.steps=100",
+                         "inference.map.laplace=false"]) == 0
+        extra = [f"init={tmp_path / 'map'}", "inference.precondition=lowrank", "inference.precondition_rank=128"]
     assert sample_main([*LINEAR, f"mock={mock}", f"run_dir={run}", f"inference.num_warmup={warm}",
                       f"inference.num_samples={draws}", "inference.chunk=100", "inference.field_thin=1",
-                      *KERNEL_OVERRIDES[kernel], "seed=11"]) == 0
+                      *KERNEL_OVERRIDES[kernel], *extra, "seed=11"]) == 0
     st = read_chunks(run)["stats"]
     post_w = np.arange(warm + draws) >= warm
     divergences = int(st["diverging"][post_w].sum())
