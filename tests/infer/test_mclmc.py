@@ -122,6 +122,47 @@ def test_the_warm_up_reaches_its_energy_error_in_every_chain_of_a_2050_dimension
     assert np.all((mclmc.TARGET / 3 < per_chain) & (per_chain < 3 * mclmc.TARGET)), per_chain / mclmc.TARGET
 
 
+def test_a_divergence_after_the_warm_up_shrinks_the_step_for_the_rest_of_the_chain():
+    """A posterior's stiffness changes from region to region; here the whole target turns 10x
+    stiffer after the warm-up (its scales x 0.1, the chains' positions and L with them), so the
+    tuned step is 10x too long. Each divergence shrinks it by SHRINK for good: after a few
+    (7 in every chain, measured) the chains move and draw the stiffer target. Before, the step stayed, every one
+    of the 400 transitions diverged and was undone, and no chain moved (the tiny linear
+    posterior's chain 1 did so on 2319 of 4000, docs/benchmarks.md)."""
+    from fli.infer.sampler import sharded_latent
+
+    class Stiffening(Gaussian):  # the scales times ``data``
+        def potential_flat(self, z, data, precise=False):
+            return 0.5 * jnp.sum((z / (data * self.scales(z.dtype))) ** 2)
+
+    target = Stiffening(make_mesh((2, 4)))
+    lay, n = target.layout, 8
+    kern = mclmc.mclmc_kernel(target, sharded_latent(target), num_warmup=200, step_size=0.1)
+    z0 = jax.device_put(2.0 * jax.random.normal(jax.random.PRNGKey(1), (n, lay.size)),
+                        jax.NamedSharding(lay.mesh, jax.P(None, *lay.sharding.spec)))
+    keys = jax.vmap(lambda c: jax.random.fold_in(jax.random.PRNGKey(2), c))(jnp.arange(n))
+
+    def run(state, data, length):
+        def body(s, _):
+            s, info = jax.vmap(kern.step, in_axes=(0, None))(s, data)
+            return s, (info.diverging, s.z)
+        return jax.jit(lambda s: jax.lax.scan(body, s, None, length=length))(state)
+
+    one, stiff = jnp.asarray(1.0), jnp.asarray(0.1)
+    warm, _ = run(kern.init(z0, keys, one), one, 200)
+    state = kern.init(0.1 * warm.z, keys, stiff)._replace(i=warm.i, step_size=warm.step_size, L=0.1 * warm.L)
+    state, (div, z) = run(state, stiff, 400)
+    div, z = np.asarray(div), np.asarray(z)
+    k = div.sum(axis=0)  # divergences per chain
+    assert np.all((k >= 1) & (k <= 12)), k
+    np.testing.assert_allclose(np.asarray(state.step_size), np.asarray(warm.step_size) * mclmc.SHRINK ** k, rtol=1e-5)
+    # the chains move: the last 200 draws' variance of z / scale is the target's, 1 (measured 0.97;
+    # 8 chains x 200 draws of 258 entries, with the energy error ~200x the target after 7 shrinks)
+    zs = z[200:] / (0.1 * np.asarray(target.scales()))
+    assert abs(float(np.mean(zs ** 2)) - 1) < 0.1, float(np.mean(zs ** 2))
+    assert np.all(np.abs(z[-1] - z[0]).max(axis=-1) > 0.1)
+
+
 def test_adjusted_mclmc_on_8_devices_draws_the_gaussian_target_exactly():
     """The adjusted kernel on the same target and chains: its Metropolis test makes it exact,
     so the variances' mean ratio has its Monte Carlo error alone (~0.01; 0.035 is 3.5 of it),
