@@ -11,15 +11,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_logged(cmd: list[str], log: Path, core: int = 0) -> None:
+def run_logged(cmd: list[str], log: Path, core: int = 0, ok: tuple[int, ...] = (0,)) -> int:
     """``python -m cmd...`` under ``nice -n 19``, pinned to ``core`` and single-threaded, its
-    output appended to ``log``; a failure stops the driver in one line naming the log."""
+    output appended to ``log``; its exit status. Any status outside ``ok`` stops the driver in one
+    line naming the log."""
     env = dict(os.environ, XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     full = ["nice", "-n", "19", "taskset", "-c", str(core), sys.executable, "-m", *cmd]
     with open(log, "a") as f:
         rc = subprocess.run(full, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
+    if rc not in ok:
         raise SystemExit(f"{' '.join(cmd[:1])} failed with status {rc}; see {log}")
+    return rc
 
 
 def claim(out: Path, i: int) -> bool:

@@ -111,3 +111,52 @@ def test_model_error_pairs_share_their_shape_noise_and_large_scales(tmp_path):
                        timeout=600)
     assert r.returncode == 2 and "--finer changes lensing.npix" in r.stderr, r.stderr[-2000:]
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
+
+
+def _model_error_script():
+    import importlib.util
+
+    from tests.helpers.processes import ROOT
+
+    spec = importlib.util.spec_from_file_location("model_error", ROOT / "scripts" / "model_error.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_model_error_report_reads_muse_and_chain_records_alike(tmp_path):
+    """The study's report from kept records of either estimator: the shift is the pair's S8
+    difference over the model mock's sd, its Monte Carlo sd the two errors in quadrature over
+    that sd, a pair missing a record is left out, and a chain whose S8 R-hat is 1.01 or more
+    (or a MUSE run that did not converge) marks its pair unconverged."""
+    import json
+
+    me = _model_error_script()
+
+    # (pair, mock, cut): S8, sd, Monte Carlo sd, converged; pair 1 lacks its finer mock
+    rows = {(0, "model", "all"): (0.80, 0.10, 0.003, True), (0, "finer", "all"): (0.83, 0.11, 0.004, True),
+            (0, "model", "cut"): (0.81, 0.20, 0.006, True), (0, "finer", "cut"): (0.80, 0.20, 0.008, False),
+            (1, "model", "all"): (0.90, 0.10, 0.010, True)}
+
+    def record(est, s8, sd, mc, ok):
+        if est == "mclmc":  # fli-diagnose's fields, kept by chain_record
+            return {"estimator": "mclmc",
+                    "params": {"S8": {"mean": s8, "sd": sd, "mcse_mean": mc, "rhat": 1.002 if ok else 1.01}}}
+        return {"muse": {"params": {"S8": s8}, "sd": {"S8": sd}, "mc_sd": {"S8": mc}, "converged": ok}}
+
+    for est in ("mclmc", "muse"):
+        records = {k: record(est, *v) for k, v in rows.items()}
+        keep = tmp_path / est
+        keep.mkdir()
+        for (i, m, c), rec in records.items():
+            (keep / f"pair_{i:03d}_{m}_{c}.json").write_text(json.dumps(rec))
+        res = me.report(tmp_path / f"out_{est}", 2, keep, est)
+        assert res["estimator"] == est and [(r["pair"], r["cut"]) for r in res["pairs"]] == [(0, "all"), (0, "cut")]
+        a, c = res["pairs"]
+        assert a["shift_over_sd"] == pytest.approx(0.3) and c["shift_over_sd"] == pytest.approx(-0.05)
+        assert a["mc_sd_of_shift_over_sd"] == pytest.approx(0.05) and c["mc_sd_of_shift_over_sd"] == pytest.approx(0.05)
+        assert a["converged"] and not c["converged"]
+        assert res["summary"]["cut"] == {"pairs": 1, "mean_shift_over_sd": pytest.approx(-0.05), "se": None,
+                                         "max_abs_shift_over_sd": pytest.approx(0.05)}
+    png = me.figure(res, tmp_path / "shifts.png")  # the muse report's: a PNG, not an empty file
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
