@@ -24,7 +24,9 @@ S8 between the pair, over the model mock's sd, is reported for each; issue 22's 
   prior, a field that fits nothing sends them to the prior's edges; docs/benchmarks.md). The
   chains' length comes with the overrides (``inference.num_samples`` ...).
 
-Each command runs niced on one core (``--core``); two drivers share a study by claiming pairs.
+Each command runs niced on one core (``--core``); two drivers share a study: one makes a pair's
+mocks (``claim_<i>``), and each analysis goes to the first driver that claims it
+(``claim_<i>_<mock>_<cut>``), so two drivers can finish one pair.
 Resumable: finished steps are passed over, and ``--keep DIR`` copies each finished analysis's
 record (MUSE's map.json, or the chains' ``model_error.json``) to ``DIR/pair_<i>_<mock>_<cut>.json``
 (committed), which count as finished; a study keeps one estimator's records per ``DIR``. ``--mocks-only``
@@ -184,10 +186,11 @@ def analyse(out: Path, pairs: int, overrides: list[str], finer: list[str], ell_m
     cuts = {"all": [], "cut": [f"lensing.ell_max=[{ell_max}]"]}
     for i in range(pairs):
         pair = out / f"pair_{i:03d}"
-        if all(_record(out, keep, i, m, c, estimator) for m in MOCKS for c in cuts) or not claim(out, i):
+        if all(_record(out, keep, i, m, c, estimator) for m in MOCKS for c in cuts):
             continue
-        t0 = time.time()
         if not all((pair / m / "observation.zarr" / "COMPLETE").exists() for m in MOCKS):
+            if not claim(out, i):  # another driver is making them
+                continue
             pair.mkdir(parents=True, exist_ok=True)
             make_pair(out, i, overrides, finer)
         if mocks_only:
@@ -195,9 +198,9 @@ def analyse(out: Path, pairs: int, overrides: list[str], finer: list[str], ell_m
         for m in MOCKS:
             for c, extra in cuts.items():
                 name = f"pair_{i:03d}_{m}_{c}"
-                if _record(out, keep, i, m, c, estimator):
+                if _record(out, keep, i, m, c, estimator) or not claim(out, name[5:]):
                     continue
-                run, log = pair / f"{m}_{c}", out / f"{name}.log"
+                run, log, t0 = pair / f"{m}_{c}", out / f"{name}.log", time.time()
                 if estimator == "mclmc":  # the chains start from the joint MAP's field, fitted under the same cut
                     start = pair / f"{m}_{c}_map"
                     if not (start / "map.json").exists():
@@ -211,7 +214,7 @@ def analyse(out: Path, pairs: int, overrides: list[str], finer: list[str], ell_m
                     chain_record(run, start, log, core)
                 if keep is not None:
                     keep_record(run / RECORD[estimator], keep / f"{name}.json")
-        print(f"[{time.strftime('%H:%M:%S')}] pair {i}: {time.time() - t0:.0f} s", flush=True)
+                print(f"[{time.strftime('%H:%M:%S')}] {name}: {time.time() - t0:.0f} s", flush=True)
 
 
 def s8_of(record: dict) -> dict:

@@ -24,10 +24,11 @@ def run_logged(cmd: list[str], log: Path, core: int = 0, ok: tuple[int, ...] = (
     return rc
 
 
-def claim(out: Path, i: int) -> bool:
+def claim(out: Path, i: int | str) -> bool:
     """Take item ``i`` of the study in ``out`` for this process unless a live driver holds it
-    (``claim_<i>`` holds the holder's process id; a claim whose process is gone is taken over)."""
-    path = out / f"claim_{i:03d}"
+    (``claim_<i>`` holds the holder's process id; a claim whose process is gone is taken over).
+    An int names a mock or a pair (``claim_007``), a string any finer item (``claim_007_model_all``)."""
+    path = out / (f"claim_{i:03d}" if isinstance(i, int) else f"claim_{i}")
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:

@@ -160,3 +160,30 @@ def test_model_error_report_reads_muse_and_chain_records_alike(tmp_path):
                                          "max_abs_shift_over_sd": pytest.approx(0.05)}
     png = me.figure(res, tmp_path / "shifts.png")  # the muse report's: a PNG, not an empty file
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_two_model_error_drivers_split_a_pairs_analyses_by_their_claims(tmp_path):
+    """scripts/study.py's claims, as model_error.py takes them: an analysis held by a live driver
+    is refused to another, a pair's claim (its mocks) does not hold its analyses, and a claim
+    whose process is gone is taken over."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.processes import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from study import claim
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "claim_000_model_all").write_text(str(live.pid))  # another driver's analysis
+        (tmp_path / "claim_000").write_text(str(live.pid))  # and its pair's mocks
+        assert not claim(tmp_path, "000_model_all")
+        assert claim(tmp_path, "000_model_cut") and claim(tmp_path, "000_model_cut")  # ours, and ours again
+        assert (tmp_path / "claim_000_model_cut").read_text() == str(os.getpid())
+        assert not claim(tmp_path, 0)
+    finally:
+        live.kill()
+        live.wait()
+    assert claim(tmp_path, "000_model_all") and claim(tmp_path, 0)  # its process is gone: taken over
