@@ -237,10 +237,16 @@ def combine(chains: list[Chain]):
 def efficiency(conv: dict, chains: list[Chain], n: int) -> dict:
     """ESS per 1000 gradient evaluations and per hour of sampling, over the draws used."""
     grads = sum(float(c.stats["gradient_evals"][n - 1]) - c.grads0 for c in chains)
-    secs = sum(float(c.stats["seconds"][n - 1]) - c.seconds0 for c in chains)
+    # a run of vectorised chains (its chain_<c>/) spent its time once for all of them, and each
+    # chain records that whole time: one count per run
+    per_run: dict[Path, float] = {}
+    for c in chains:
+        run = c.run.parent if c.run.name.startswith("chain_") else c.run
+        per_run[run] = max(per_run.get(run, 0.0), float(c.stats["seconds"][n - 1]) - c.seconds0)
+    secs = sum(per_run.values())
     out = {"gradient_evals": grads, "seconds": secs,
-           "note": "post-warm-up draws used, summed over the chains (seconds: the chains' sampling time added, "
-                   "not the wall time of chains run side by side)", "params": {}}
+           "note": "post-warm-up draws used, summed over the chains (seconds: the runs' sampling time added, "
+                   "once for a run's vectorised chains; not the wall time of runs side by side)", "params": {}}
     for k, v in conv.items():
         e = {}
         for which in ("ess_bulk", "ess_tail"):

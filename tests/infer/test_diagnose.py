@@ -120,6 +120,19 @@ def test_healthy_chains_pass_every_check(tmp_path, config):
     assert e["gradient_evals"] > 4 * 1000 * 3 and e["seconds"] == pytest.approx(4 * 1000 * 0.01)
 
 
+def test_vectorised_chains_count_their_runs_time_once(tmp_path, config):
+    """Each chain of a run of vectorised chains (``chain_<c>/``) records the run's whole time:
+    summed as four chain-hours they made ESS per hour 4x too low. Separate runs still add."""
+    runs = []
+    for j in range(4):  # two runs of two vectorised chains: each pair shares its seconds
+        a = healthy(n=500, seed=j)
+        a[1]["seconds"] = (1.0 + j // 2) * np.arange(1, 511)
+        runs.append(write_chain(tmp_path / f"run{j // 2}" / f"chain_{j % 2}", config, a, seed=j))
+    _, report, _, _ = verdicts(runs)
+    # post-warm-up: seconds[509] - seconds[9] = 500 (run 0) and 1000 (run 1), once each
+    assert report["efficiency"]["seconds"] == pytest.approx(500.0 + 1000.0)
+
+
 def test_the_numbers_are_arviz_own(tmp_path, config):
     import arviz as az
 
