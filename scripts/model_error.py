@@ -166,11 +166,12 @@ def chain_record(run: Path, start: Path, log: Path, core: int) -> dict:
                ok=(0, 3, 4))
     rep = json.loads((diag / "diagnostics.json").read_text())
     start_map = json.loads((start / "map.json").read_text())
-    total = json.loads((run / "nuts.json").read_text())["gradient_evals"]
+    nuts = json.loads((run / "nuts.json").read_text())
+    total = nuts["gradient_evals"]
     rec = {"estimator": "mclmc", "verdict": rep["verdict"], "chains": rep["chains"],
            "draws_per_chain": rep["draws_per_chain"], "post_warmup_gradient_evals": rep["efficiency"]["gradient_evals"],
-           "warmup_gradient_evals": total - rep["efficiency"]["gradient_evals"], "sampling_seconds":
-           rep["efficiency"]["seconds"], "start": {"joint_map": start_map["params"],
+           "warmup_gradient_evals": total - rep["efficiency"]["gradient_evals"],
+           "seconds_sampling": nuts["seconds_sampling"], "start": {"joint_map": start_map["params"],
                                                    "gradient_evals": start_map["grad_evals"],
                                                    "seconds": start_map["time_s"]},
            "params": {k: {f: rep["params"][k][f] for f in ("mean", "sd", "mcse_mean", "rhat", "ess_bulk", "ess_tail")}
