@@ -94,6 +94,11 @@ class Chain:
         return int(name[len("chain_"):]) if name.startswith("chain_") and name[6:].isdigit() else 0
 
     @property
+    def run_dir(self) -> Path:
+        """The run that sampled the chain: the parent of a vectorised run's ``chain_<c>/``, else itself."""
+        return self.run.parent if self.run.name.startswith("chain_") else self.run
+
+    @property
     def n_post(self) -> int:
         return int(self.draws["draw"].size)
 
@@ -241,8 +246,7 @@ def efficiency(conv: dict, chains: list[Chain], n: int) -> dict:
     # chain records that whole time: one count per run
     per_run: dict[Path, float] = {}
     for c in chains:
-        run = c.run.parent if c.run.name.startswith("chain_") else c.run
-        per_run[run] = max(per_run.get(run, 0.0), float(c.stats["seconds"][n - 1]) - c.seconds0)
+        per_run[c.run_dir] = max(per_run.get(c.run_dir, 0.0), float(c.stats["seconds"][n - 1]) - c.seconds0)
     secs = sum(per_run.values())
     out = {"gradient_evals": grads, "seconds": secs,
            "note": "post-warm-up draws used, summed over the chains (seconds: the runs' sampling time added, "
