@@ -15,6 +15,8 @@ import numpy as np
 from fli.infer.model import Posterior
 from fli.infer.priors import gaussian_pushforward
 
+H_RESOLVED = 2.0  # a diagonal of H counts as measured above this many of its standard errors
+
 
 def covariance(h: np.ndarray, j: np.ndarray) -> np.ndarray:
     """``(H^T J^-1 H + I)^-1``: the likelihood's ``H^-1 J H^-T`` with the standard-normal prior."""
@@ -70,6 +72,20 @@ class MuseResult:
     @property
     def sd_z(self) -> np.ndarray:
         return np.sqrt(np.diag(self.cov_z))
+
+    @property
+    def h_se(self) -> np.ndarray:
+        """``[n, n]`` H's Monte Carlo standard error: the simulations' finite-difference
+        columns' sd over ``sqrt(N)``."""
+        return self.h_columns.std(0, ddof=1) / math.sqrt(self.h_columns.shape[0])
+
+    def unresolved(self, k: float = H_RESOLVED) -> list[str]:
+        """The parameters whose diagonal of H is not above ``k`` of its standard errors: the
+        simulations do not resolve how that parameter moves their scores, so its sd falls back
+        towards the prior's and Newton's steps in it lean on Broyden's update. Seen on tiny PM
+        with fits that end at their step budget: H's Omega_c diagonal -0.38 +- 0.4 (docs/map.md)."""
+        d, se = np.diag(self.h), np.diag(self.h_se)
+        return [n for n, v, e in zip(self.names, d, se, strict=True) if not v > k * e]
 
     def bootstrap_sd(self, n_boot: int = 200, seed: int = 0) -> np.ndarray:
         """The Monte Carlo sd of each of ``sd_z`` over resamplings of the simulations (their

@@ -29,7 +29,7 @@ import numpy as np
 
 from fli.files import is_writer
 from fli.infer.muse import Muse, ScoreStore
-from fli.infer.muse_result import MuseResult
+from fli.infer.muse_result import H_RESOLVED, MuseResult
 
 SCORES = "muse_scores.jsonl"
 ITERATIONS = "muse_iterations.jsonl"
@@ -174,6 +174,13 @@ def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
                 f.write(json.dumps(rec) + "\n")
 
     res = m.run(theta0, on_iteration=on_iteration)
+    for name in res.unresolved():
+        i = res.names.index(name)
+        log.warning("MUSE: H's diagonal for %s is %.3g +- %.2g (its Monte Carlo se, %d simulations), not above %g "
+                    "se: the simulations do not resolve how %s moves their scores, so its sd leans on the prior. "
+                    "Raise inference.map.muse.n_sims; on the PM forward also h_steps (fits that end at their step "
+                    "budget blur H, docs/map.md)", name, res.h[i, i], res.h_se[i, i], res.h_columns.shape[0],
+                    H_RESOLVED, name)
     if spread:
         log.info("MUSE: no %s (the fits ran on each process's own mesh): a chain started from this run takes "
                  "the joint MAP's field", FIELD)
@@ -200,13 +207,16 @@ def muse_block(res: MuseResult, post, settings, truth: dict | None) -> dict:
            "interval68": phys["interval68"], "mc_sd": phys["mc_sd"],
            "theta_z": res.theta_z.tolist(), "cov_z": res.cov_z.tolist(), "sd_z": res.sd_z.tolist(),
            "sd_z_bootstrap_sd": boot.tolist(), "mc_sd_z": np.sqrt(np.diag(res.mc_cov_z)).tolist(),
-           "H": res.h.tolist(), "J": res.j.tolist(), "converged": res.converged,
+           "H": res.h.tolist(), "H_se": res.h_se.tolist(), "h_unresolved": res.unresolved(),
+           "J": res.j.tolist(), "converged": res.converged,
            "iterations": len(res.history), "history": res.history, "grad_evals": res.grad_evals,
            "grad_evals_this_run": res.grad_evals_here,
            "seconds": res.seconds, "settings": dataclasses.asdict(settings),
            "units": "params, sd, cov: the mean and covariance of MUSE's latent Gaussian pushed through the prior "
                     "transform; median, interval68: the estimate and its central 68 % interval through it; "
-                    "mc_sd: delta method; *_z: standardised latents; "
+                    "mc_sd: delta method; *_z: standardised latents; H_se: H's Monte Carlo standard error; "
+                    f"h_unresolved: the parameters whose diagonal of H is not above {H_RESOLVED:g} H_se (their sd "
+                    "leans on the prior); "
                     "grad_evals: of every fit the estimate used (all processes, before any resume); "
                     "grad_evals_this_run: of the fits this process made in this run"}
     if truth:

@@ -409,3 +409,24 @@ def test_the_bootstrap_passes_over_resamples_with_a_singular_j():
                    [], True, 0, 0.0)
     sd = r.bootstrap_sd(n_boot=50)
     assert np.all(np.isfinite(sd)) and np.all(sd > 0), sd
+
+
+def test_a_diagonal_of_h_within_two_standard_errors_of_zero_is_reported_unresolved():
+    """H's Monte Carlo se is the columns' sd over sqrt(N), and a parameter whose diagonal is not
+    above 2 se is named (tiny PM with fits ended by their budget gave Omega_c -0.38 +- 0.4)."""
+    from fli.infer.muse_result import MuseResult
+
+    rng = np.random.default_rng(3)
+    n = 16
+    cols = np.empty((n, 2, 2))
+    cols[:, 0, 0] = 3.0 + 0.1 * rng.standard_normal(n)  # well measured: 3 +- 0.025
+    cols[:, 1, 1] = 0.4 * rng.standard_normal(n)  # noise about 0: the response not resolved
+    cols[:, 0, 1] = cols[:, 1, 0] = 0.2 * rng.standard_normal(n)
+    g = rng.standard_normal((n, 2))
+    result = lambda cols: MuseResult(("a", "b"), np.zeros(2), np.eye(2), cols.mean(0), np.cov(g.T), np.eye(2), g, g[0],
+                                     cols, [], True, 0, 0.0)
+    r = result(cols)
+    np.testing.assert_allclose(r.h_se[1, 1], np.std(cols[:, 1, 1], ddof=1) / 4)
+    assert r.unresolved() == ["b"]
+    cols[:, 1, 1] += 1.0  # 1 +- 0.1: now resolved
+    assert result(cols).unresolved() == []
