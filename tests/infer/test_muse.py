@@ -430,3 +430,32 @@ def test_a_diagonal_of_h_within_two_standard_errors_of_zero_is_reported_unresolv
     assert r.unresolved() == ["b"]
     cols[:, 1, 1] += 1.0  # 1 +- 0.1: now resolved
     assert result(cols).unresolved() == []
+
+
+def test_the_smoothness_probe_tells_a_quadratic_potential_from_one_with_a_kink(linear):
+    """scripts/field_fit_smoothness.py's probe (docs/map.md: the PM potential has kinks where its
+    field fits end). On the linear forward U is quadratic in s, so phi'(t) along any line is
+    exactly straight: every step between neighbouring points is the same. The same U with a kink
+    |e . (s - s_hat)| planted across the line must show one jump far above the others."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "field_fit_smoothness", Path(__file__).resolve().parents[2] / "scripts" / "field_fit_smoothness.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _, post, data, theta = linear
+    th = jnp.asarray(theta, post.fwd.grid.jdtype)
+    s_hat = jnp.asarray(_exact_map(post, data, theta), post.fwd.grid.jdtype)
+    e = jax.random.normal(jax.random.key(2), s_hat.shape, s_hat.dtype)
+    e = e / jnp.linalg.norm(e)
+    s = s_hat + 3e-4 * e  # off the minimum, so the descent direction is defined (about -e)
+    smooth = mod.line(post, data, th, s, [1e-3], 21)["0.001"]
+    steps = np.diff(smooth["dphi"])
+    # float32 round-off of phi' (values of a few units) is ~1e-6; the steps are ~curvature x 1e-4
+    assert np.ptp(steps) < 0.05 * np.abs(steps).mean(), steps
+    kinked = SimpleNamespace(potential=lambda lat, d: post.potential(lat, d)
+                             + 5.0 * jnp.abs(jnp.vdot(e, lat.s - s_hat)))
+    k = mod.line(kinked, data, th, s, [1e-3], 21)["0.001"]
+    assert k["largest_jump"] > 20 * k["median_jump"], (k["largest_jump"], k["median_jump"])
+    assert smooth["largest_jump"] < 1.1 * smooth["median_jump"]
