@@ -242,7 +242,9 @@ class MuseConfig:
     n_sims: int = 32  # simulations per iteration (their scores' mean and covariance)
     iterations: int = 8  # Newton iterations at most (may be raised to continue a run)
     tol: float = 0.05  # stop when every parameter's Newton step is below tol MUSE sds
-    fd_step: float = 0.05  # H's central-difference step in the standardised parameters
+    # H's central-difference step in the standardised parameters: the PM fits' end points jitter
+    # (kinks in U), and H's noise from that falls as 1/fd_step; truncation 0.7 % at 0.2 (docs/map.md)
+    fd_step: float = 0.2
     map_steps: int = 1000  # optimiser steps per field MAP at most
     # optimiser steps per refit of H's finite differences at most (each starts from its
     # simulation's MAP at theta); null: map_steps
