@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     if theta.shape != (post.prior.n,):
         raise SystemExit(f"--theta: {post.prior.n} values, one per sampled parameter ({', '.join(post.names)})")
     t0 = time.perf_counter()
-    g_d, g_s = m.scores("at", theta)
+    g_d, g_s = m.scores("at", theta, m._progress("the scores at theta", settings.n_sims))
     jm = np.cov(g_s.T).reshape(len(theta), len(theta))
     out = {"mock": str(a.mock), "overrides": a.overrides, "theta_z": theta.tolist(), "n_sims": settings.n_sims,
            "scores_grad_evals": m.grad_evals, "scores_seconds": time.perf_counter() - t0, "J": jm.tolist(),
@@ -71,7 +71,8 @@ def main(argv=None) -> int:
         m.cfg = dataclasses.replace(settings, fd_step=fd)
         e0, t0 = m.grad_evals, time.perf_counter()
         label = str(steps) if len(fds) == 1 else f"{steps}@fd{fd:g}"
-        cols = m.finite_difference_h(f"h{label}", theta)  # [sim, score component, column]
+        cols = m.finite_difference_h(f"h{label}", theta,  # [sim, score component, column]
+                                     m._progress(f"H with {label} steps", len(theta) * settings.n_sims, h=True))
         h, se = cols.mean(0), cols.std(0, ddof=1) / np.sqrt(cols.shape[0])
         row = {"H": h.tolist(), "H_se": se.tolist(), "grad_evals": m.grad_evals - e0,
                "seconds": time.perf_counter() - t0, "muse_sd_z": np.sqrt(np.diag(covariance(h, jm))).tolist(),
