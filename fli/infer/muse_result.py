@@ -31,10 +31,14 @@ def covariance(h: np.ndarray, j: np.ndarray) -> np.ndarray:
     prec = 0.5 * (prec + prec.T)
     # a J that is singular to round-off (few distinct simulations) solves without an error but
     # leaves H^T J^-1 H + I indefinite
+    refuse = FloatingPointError(f"MUSE: H^T J^-1 H + I is not positive definite (H = {h.tolist()}, "
+                                f"J = {j.tolist()}): raise inference.map.muse.n_sims")
     if not np.all(np.isfinite(prec)) or np.linalg.eigvalsh(prec).min() <= 0:
-        raise FloatingPointError(f"MUSE: H^T J^-1 H + I is not positive definite (H = {h.tolist()}, "
-                                 f"J = {j.tolist()}): raise inference.map.muse.n_sims")
-    return np.linalg.inv(prec)
+        raise refuse
+    try:  # positive to eigvalsh yet singular to LU: a bootstrap resample of 5 simulations gave one
+        return np.linalg.inv(prec)
+    except np.linalg.LinAlgError:
+        raise refuse from None
 
 
 @dataclasses.dataclass
