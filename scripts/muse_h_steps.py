@@ -10,6 +10,8 @@ at ``theta`` run once with ``map_steps``; then H is taken with each ``--steps`` 
 same starting fields. Reported per budget: H, its Monte Carlo standard error over the
 simulations, the difference from the largest budget's H in those errors, MUSE's sds
 ``sqrt(diag((H^T J^-1 H + I)^-1))`` with J from the same scores, and the gradient evaluations.
+theta is the prior's median unless ``--theta`` names another (e.g. a run's ``muse.theta_z``);
+``--fd-steps`` takes H with each finite-difference step too, every budget at every step.
 
     nice -n 19 python scripts/muse_h_steps.py --mock /tmp/hs/mock --steps 300 100 50 \\
         --json docs/bench/muse_h_steps_tiny.json -- experiment=tiny survey.sigma_e=0.05 \\
