@@ -81,6 +81,7 @@ class SimulationConfig:
     fft_backend: str = "pencil"  # "pencil" | "jaxdecomp"
     adjoint: str = "reversible"  # "reversible" | "checkpoint"
     force_correction: float = 0.25  # c in the PM force's 1 + c sum (k_i h_i)^2; 0 = off
+    assignment: str = "cic"  # "cic" | "tsc": the PM force's and the density's mass assignment
     forward: str = "pm"  # "pm" (2LPT + FastPM) | "linear" (lens planes cut from D(a) delta_L)
 
     def __post_init__(self) -> None:
@@ -101,6 +102,8 @@ class SimulationConfig:
         _check(_finite(self.force_correction) and self.force_correction >= 0, "simulation.force_correction",
                "a finite number >= 0 (0.25 corrects the one-particle-per-cell force; 0 turns it off)",
                self.force_correction)
+        _check(self.assignment in ("cic", "tsc"), "simulation.assignment",
+               "'cic' or 'tsc' (tsc: gradients continuous in the field, docs/map.md)", self.assignment)
         _check(self.forward in ("pm", "linear"), "simulation.forward", "'pm' or 'linear'", self.forward)
 
 

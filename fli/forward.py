@@ -324,7 +324,7 @@ def build_forward(cfg: Config, bins: list[NzBin] | None = None, mesh=None) -> Fo
     fid = fiducial_cosmology(cfg)
     mesh = make_mesh(cfg.distributed.pdims) if mesh is None else mesh
     grid = Grid(tuple(sim.mesh), tuple(sim.box), mesh, halo=sim.halo, fft_backend=sim.fft_backend,
-                dtype=sim.dtype, force_correction=sim.force_correction)
+                dtype=sim.dtype, force_correction=sim.force_correction, assignment=sim.assignment)
     try:
         bins = nz_bins_from_config(cfg.survey) if bins is None else list(bins)
         z_max = max(b.z_max for b in bins)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from fli.assignment import SCHEMES
 from fli.sharding import FIELD_SPEC, check_divisible, mesh_pdims
 
 
@@ -33,6 +34,8 @@ class Grid:
             ``1 + c sum_i (k_i h_i)^2`` (:func:`fli.fft.force_correction_kernel`); 0 turns it
             off. The default 1/4 makes large-scale growth at one particle per cell match linear
             theory (see docs/benchmarks.md, "Large-scale growth").
+        assignment: the mass assignment of the PM force and the density, ``"cic"`` (default) or
+            ``"tsc"`` (:mod:`fli.assignment`: a continuous derivative in the positions).
     """
 
     shape: tuple[int, int, int]
@@ -42,6 +45,7 @@ class Grid:
     fft_backend: str = "pencil"
     dtype: str = "float32"
     force_correction: float = 0.25
+    assignment: str = "cic"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
@@ -60,6 +64,8 @@ class Grid:
         object.__setattr__(self, "force_correction", float(self.force_correction))
         if not (math.isfinite(self.force_correction) and self.force_correction >= 0):
             raise ValueError(f"force_correction must be a finite number >= 0, got {self.force_correction}")
+        if self.assignment not in SCHEMES:
+            raise ValueError(f"mass assignment must be one of {SCHEMES}, got {self.assignment!r}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
 
@@ -67,7 +73,8 @@ class Grid:
         return hash(self._key())
 
     def _key(self) -> tuple:
-        return (self.shape, self.box, self.mesh, self.halo, self.fft_backend, self.dtype, self.force_correction)
+        return (self.shape, self.box, self.mesh, self.halo, self.fft_backend, self.dtype, self.force_correction,
+                self.assignment)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Grid) and self._key() == other._key()

@@ -74,7 +74,7 @@ def make_mock(cfg: Config, log: logging.Logger | None = None) -> dict:
     log.info("forward model done in %.1f s; largest transverse displacement %.2f cells (halo %d)",
              t1 - t0, max_disp, grid.halo)
     try:
-        check_halo(max_disp, grid.halo, cfg.simulation.on_overflow)
+        check_halo(max_disp, grid.halo, cfg.simulation.on_overflow, grid.assignment)
     except ValueError as e:
         raise ConfigError(f"simulation.halo: {e}") from None
     sigma = noise_sigma(cfg.survey, cfg.lensing.fov_deg, cfg.lensing.npix)

@@ -50,16 +50,16 @@ from fli.cosmology import Cosmology
 from fli.fft import force_correction_kernel, gradient_kernel, inv_laplace_kernel
 from fli.grid import Grid
 from fli.lpt import linear_modes, lpt
-from fli.painting import Stencil, cic_paint, cic_read, cic_stencil
-
+from fli.painting import Stencil, make_stencil, paint, read
 
 
 class Density(NamedTuple):
     """The PM force's density at a step boundary, handed to the step's hook with what computing
     it made, so that a hook that filters the density and reads it back at the particles
     (:func:`fli.pgd.pgd_shift`) does neither again: ``rho`` the particle count per cell (mean 1)
-    ``[nx, ny, nz]``, ``rho_k`` its ``grid.fft.rfft``, ``stencil`` the CIC stencil of the
-    particles at the boundary (:func:`fli.painting.cic_stencil` of ``disp / grid.cell``)."""
+    ``[nx, ny, nz]``, ``rho_k`` its ``grid.fft.rfft``, ``stencil`` the stencil of the
+    particles at the boundary (:func:`fli.painting.make_stencil` of ``disp / grid.cell``, in the
+    grid's mass assignment)."""
 
     rho: Array
     rho_k: Array
@@ -67,11 +67,11 @@ class Density(NamedTuple):
 
 
 def density_of(disp: Array, grid: Grid) -> Density:
-    """:class:`Density` of particles at ``disp`` [Mpc/h]: the PM force's (one CIC stencil, one
-    paint, one forward FFT)."""
+    """:class:`Density` of particles at ``disp`` [Mpc/h]: the PM force's (one stencil in the
+    grid's mass assignment, one paint, one forward FFT)."""
     cells = disp / jnp.asarray(grid.cell, disp.dtype)
-    st = cic_stencil(cells, grid.mesh, grid.halo)
-    rho = cic_paint(cells, grid.mesh, grid.halo, stencil=st)
+    st = make_stencil(cells, grid.mesh, grid.halo, grid.assignment)
+    rho = paint(cells, grid.mesh, grid.halo, stencil=st, scheme=grid.assignment)
     return Density(rho, grid.fft.rfft(rho), st)
 
 
@@ -138,8 +138,8 @@ def step_coefficients(cosmo: Cosmology, a_steps: Array) -> StepCoeffs:
 def pm_force(cosmo: Cosmology, disp: Array, grid: Grid) -> tuple[Array, Density]:
     """PM gravity at the particles, ``F = -grad psi`` with ``lap psi = 1.5 Omega_m delta``.
 
-    CIC paint (one scatter), one forward FFT, three inverse FFTs, one CIC read of the three
-    components. The potential kernel carries the grid's resolution correction
+    Paint (one scatter; CIC or TSC, ``grid.assignment``), one forward FFT, three inverse FFTs,
+    one read of the three components. The potential kernel carries the grid's resolution correction
     (``grid.force_correction``, see :func:`fli.fft.force_correction_kernel`).
     Returns ``(force [nx,ny,nz,3] [Mpc/h H0^2], density)``, the :class:`Density` with its FFT
     and the particles' stencil, which the step's hook may reuse.
@@ -151,7 +151,8 @@ def pm_force(cosmo: Cosmology, disp: Array, grid: Grid) -> tuple[Array, Density]
         kernel = kernel * force_correction_kernel(plan, grid.box, grid.force_correction, dtype=grid.dtype)
     pot_k = dens.rho_k * (1.5 * cosmo.Omega_m * kernel)
     comps = jnp.stack([plan.irfft(-gradient_kernel(plan, grid.box, i, dtype=grid.dtype) * pot_k) for i in range(3)])
-    force = cic_read(comps, disp / jnp.asarray(grid.cell, disp.dtype), grid.mesh, grid.halo, stencil=dens.stencil)
+    force = read(comps, disp / jnp.asarray(grid.cell, disp.dtype), grid.mesh, grid.halo, stencil=dens.stencil,
+                 scheme=grid.assignment)
     return force.astype(disp.dtype), dens
 
 
@@ -351,4 +352,4 @@ def _check_inputs(cosmo: Cosmology, a_steps, noise: Array, grid: Grid) -> None:
 
 def density(disp: Array, grid: Grid) -> Array:
     """Particle count per cell (mean 1) ``[nx, ny, nz]`` ``P('x','y')`` from displacements [Mpc/h]."""
-    return cic_paint(disp / jnp.asarray(grid.cell, disp.dtype), grid.mesh, grid.halo)
+    return paint(disp / jnp.asarray(grid.cell, disp.dtype), grid.mesh, grid.halo, scheme=grid.assignment)

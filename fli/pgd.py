@@ -11,7 +11,7 @@ i.e. ``S(k) = alpha i k O(k) delta(k) / k^2``, towards the overdensities, with a
 ``k_l`` that leaves the large scales alone and a low-pass ``k_s`` that stops at the grid's noise.
 ``alpha(a) = alpha_0 a^mu``. The shift is applied only to the positions that are painted: the
 dynamics are untouched. It reuses the FFT of the density the PM step has already painted and
-its particles' CIC stencil, and costs three inverse FFTs and one CIC read per plane. Its parameters are fitted once
+its particles' stencil, and costs three inverse FFTs and one read per plane. Its parameters are fitted once
 (``scripts/plane_fidelity.py --pgd``, docs/fidelity.md) on seeds and a cosmology that the
 validation does not use.
 """
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from fli.fft import _default_float, _k2, gradient_kernel
-from fli.painting import Stencil, cic_read
+from fli.painting import Stencil, read
 
 
 class PGDParams(NamedTuple):
@@ -50,12 +50,12 @@ def pgd_shift(density_k, disp, a, grid, params: PGDParams, *, stencil: Stencil |
 
     ``density_k`` is ``grid.fft.rfft`` of the particle count per cell at ``disp`` [Mpc/h] (its
     mean does not matter: the filter is 0 at k = 0); ``a`` the scale factor (traceable);
-    ``stencil`` the CIC stencil of ``disp / grid.cell``, where the PM force has made one
+    ``stencil`` the stencil of ``disp / grid.cell``, where the PM force has made one
     (:class:`fli.nbody.Density`)."""
     plan, box = grid.fft, grid.box
     dk = density_k * pgd_filter(plan, box, params.kl, params.ks, dtype=grid.dtype)
     comps = jnp.stack([plan.irfft(gradient_kernel(plan, box, i, dtype=grid.dtype) * dk) for i in range(3)])
     cells = disp / jnp.asarray(grid.cell, disp.dtype)
-    s = cic_read(comps, cells, grid.mesh, grid.halo, stencil=stencil)
+    s = read(comps, cells, grid.mesh, grid.halo, stencil=stencil, scheme=grid.assignment)
     alpha = params.alpha * jnp.asarray(a, disp.dtype) ** params.mu
     return (alpha * s).astype(disp.dtype)

@@ -21,6 +21,7 @@ the white noise s; ``*`` = one per adjoint):
   posterior*      Posterior.value_and_grad() at (theta, s) on a mock's data (traced light cone);
   posterior_fiducial*  the same with lensing.lightcone=fiducial;
   posterior_linear     the same with simulation.forward=linear (no particles);
+  posterior_tsc        the same with simulation.assignment=tsc (27-point mass assignment; first adjoint);
   lensing         Born convergence (traced plane times) + Gaussian likelihood of fixed planes,
                   gradient w.r.t. theta and the planes;
   cosmo_traced    scalars only: the step coefficients at the traced step times and the Born
@@ -46,7 +47,7 @@ import time
 
 EXPERIMENTS = {"default": [], "tiny": ["experiment=tiny"]}
 PER_ADJOINT = ("pm", "pm_planes", "traced_planes", "posterior", "posterior_fiducial")
-SHARED = ("posterior_linear", "lensing", "cosmo_traced", "cosmo_fixed")
+SHARED = ("posterior_linear", "posterior_tsc", "lensing", "cosmo_traced", "cosmo_fixed")
 ALL_VARIANTS = PER_ADJOINT + SHARED
 
 
@@ -212,6 +213,10 @@ def worker(job: dict) -> dict:
         for name, v in pm_fns(post).items():
             variants[f"{name}[{adj}]"] = v
     variants["posterior_linear"] = (lin_post.value_and_grad(), (lat, data))
+    if "posterior_tsc" in job["variants"]:
+        tsc_post = build_posterior(compose(job["overrides"] + [f"simulation.adjoint={job['adjoints'][0]}",
+                                                               "simulation.assignment=tsc"])[0])
+        variants["posterior_tsc"] = (tsc_post.value_and_grad(), (lat, data))
     variants["lensing"] = (jax.jit(jax.value_and_grad(lensing, argnums=(0, 1))), (theta, planes_in, data))
     variants["cosmo_traced"] = (jax.jit(jax.value_and_grad(cosmo_traced)), (theta,))
     variants["cosmo_fixed"] = (jax.jit(jax.value_and_grad(cosmo_fixed)), (theta,))
@@ -275,7 +280,7 @@ def worker(job: dict) -> dict:
             res[name]["run_maxrss_mb"].append(m.maxrss)
         print(f"round {r + 1}/{job['repeats']} done", file=sys.stderr, flush=True)
 
-    for name, d in res.items():
+    for d in res.values():
         d["run_s"] = float(np.median(d["times_s"]))
         if all(p is not None for p in d["run_peak_rss_mb"]):
             d["run_peak_rss_mb_max"] = float(np.max(d["run_peak_rss_mb"]))

@@ -99,7 +99,7 @@ def make_pair(out: Path, i: int, overrides: list[str], finer: list[str]) -> dict
         kappa, aux = jax.jit(lambda c, x, f=fwd: f(c, x))(fiducial_cosmology(cfg), s)
         max_disp = float(np.max(np.asarray(aux.max_disp)))
         try:
-            check_halo(max_disp, grid.halo, "raise")
+            check_halo(max_disp, grid.halo, "raise", grid.assignment)
         except ValueError as e:
             raise ConfigError(f"{m} mock of pair {i}: simulation.halo: {e}") from None
         sigma = noise_sigma(cfg.survey, cfg.lensing.fov_deg, cfg.lensing.npix)

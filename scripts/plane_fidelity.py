@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         t0 = time.time()
         km, kps, maxd = kappas(white_noise(s, grid.shape, grid.mesh))
         md = float(maxd)
-        check_halo(md, grid.halo)  # raises: a run whose particles outran the halo is not measured
+        check_halo(md, grid.halo, scheme=grid.assignment)  # raises: a run that outran the halo is not measured
         ell, c_mesh, _ = map_power_spectrum(km, geom.fov_deg, ell_edges=ell_edges, taper=TAPER)
         cl["mesh"].append(c_mesh)
         for name, kp in zip(names[1:], kps, strict=True):

@@ -112,7 +112,7 @@ def unread(cfg: dict) -> set[str]:
 ADDED = {"inference.mclmc_energy_error": 5e-4, "inference.projections": 0, "lensing.planes": "mesh",
          "lensing.subparticles": 1, "lensing.pgd_alpha": 0.0, "lensing.pgd_mu": 0.0, "lensing.pgd_kl": 0.4,
          "lensing.pgd_ks": 1.0, "lensing.ell_max": None, "inference.map.muse.h_steps": None,
-         "inference.map.muse.start": None}
+         "inference.map.muse.start": None, "simulation.assignment": "cic"}
 ABSENT = "<absent>"
 _ABSENT = object()
 

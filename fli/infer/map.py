@@ -185,7 +185,7 @@ def check_map_halo(aux, fwd, cfg: Config, where: str, after: str = "") -> float:
 
     max_disp = float(np.max(np.asarray(aux.max_disp)))
     try:
-        check_halo(max_disp, fwd.grid.halo, cfg.simulation.on_overflow)
+        check_halo(max_disp, fwd.grid.halo, cfg.simulation.on_overflow, fwd.grid.assignment)
     except ValueError as e:
         raise ConfigError(f"simulation.halo: {where} {e}{after}") from None
     return max_disp

@@ -40,6 +40,7 @@ def test_every_experiment_composes(exp):
         ("distributed.pdims=[3,1]", "not divisible by distributed.pdims"),
         ("simulation.fft_backend=fftw", "simulation.fft_backend"),
         ("simulation.force_correction=-1", "simulation.force_correction"),
+        ("simulation.assignment=ngp", "simulation.assignment"),
         ("experiment=nope", "experiment/nope"),
     ],
 )

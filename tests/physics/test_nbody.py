@@ -207,6 +207,29 @@ def test_force_correction_kernel():
         Grid((8, 8, 8), (100.0,) * 3, make_mesh((1, 1)), force_correction=-0.1)
 
 
+def test_the_config_mass_assignment_reaches_the_pm():
+    """simulation.assignment travels config -> Grid -> the PM's paint and read: the density is
+    painting.paint's in that scheme, and the force follows it (TSC's differs from CIC's)."""
+    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.forward import build_forward  # noqa: PLC0415
+    from fli.nbody import pm_force  # noqa: PLC0415
+    from fli.painting import paint  # noqa: PLC0415
+
+    assert build_forward(compose(["experiment=tiny", "simulation.assignment=tsc"])[0]).grid.assignment == "tsc"
+    grids = {sc: Grid(SHAPE, BOX, make_mesh((1, 2)), halo=2, assignment=sc) for sc in ("cic", "tsc")}
+    rng = np.random.default_rng(0)
+    cell = np.asarray(grids["cic"].cell)
+    disp = jnp.asarray(rng.uniform(-1.4, 1.4, SHAPE + (3,)) * cell, jnp.float32)
+    force = {}
+    for sc, grid in grids.items():
+        rho = density(disp, grid)
+        np.testing.assert_array_equal(np.asarray(rho), np.asarray(paint(disp / cell, grid.mesh, 2, scheme=sc)))
+        force[sc] = np.asarray(pm_force(planck18(), disp, grid)[0])
+    assert not np.allclose(force["cic"], force["tsc"], rtol=1e-3)
+    with pytest.raises(ValueError, match="mass assignment must be one of"):
+        Grid(SHAPE, BOX, make_mesh((1, 1)), assignment="pcs")
+
+
 def test_bad_input_is_refused_before_compiling():
     with pytest.raises(ValueError, match="must increase"):
         check_scale_factors([0.1, 0.5, 0.4])

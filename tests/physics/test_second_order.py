@@ -21,11 +21,10 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fli import painting
+from fli import assignment, painting
 from fli.cosmology import planck18
 from fli.grid import Grid
 from fli.nbody import density, initial_state, nbody, pm_force
-from fli.painting import cic_paint, cic_read
 from fli.sharding import make_mesh, white_noise
 
 SHAPE, BOX, HALO = (8, 8, 8), (100.0, 100.0, 100.0), 2
@@ -117,7 +116,7 @@ def test_cic_hvp_positions_masses_field(exchange, pdims, monkeypatch):
     jaxdecomp exchange (linear maps with a declared transpose) on a slab mesh (its pencil
     fold compiles 2x slower); the PM tests below go through the ppermute one on (2, 2)."""
     mesh = make_mesh(pdims)
-    monkeypatch.setattr(painting, "CHUNK_PARTICLES", 1)  # slabs of one x row
+    monkeypatch.setattr(assignment, "CHUNK_PARTICLES", 1)  # slabs of one x row
     jax.clear_caches()
     rng = np.random.default_rng(0)
     with jax.enable_x64(True):
@@ -129,8 +128,8 @@ def test_cic_hvp_positions_masses_field(exchange, pdims, monkeypatch):
 
         def U(z):
             d, w, f = z
-            rho = cic_paint(d, mesh, HALO, w, exchange=exchange)
-            r = cic_read(f, d, mesh, HALO, exchange=exchange)
+            rho = painting.paint(d, mesh, HALO, w, exchange=exchange)
+            r = painting.read(f, d, mesh, HALO, exchange=exchange)
             return jnp.sum(a * rho**2) + jnp.sum(r**2 * rho[..., None])
 
         _check_hvp(U, z, v)
