@@ -11,6 +11,9 @@ direction ``d`` of steepest descent there, ``phi'(t) = grad U(s + t d) . d`` is 
 small span (the residual of a quadratic fit is round-off); a jump in phi' is a kink in U, and a
 minimum on a kink is where no gradient method brings the gradient to zero.
 
+``--assignments cic tsc`` repeats the PM forward with each mass assignment (simulation.assignment):
+CIC's derivative jumps where a particle crosses a grid point, TSC's is continuous.
+
     python scripts/field_fit_smoothness.py --mock <fli-mock run> --json out.json --figure out.png -- \\
         experiment=tiny survey.sigma_e=0.05 simulation.dtype=float64
 """
@@ -81,6 +84,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mock", required=True, help="a fli-mock run directory")
     ap.add_argument("--forwards", nargs="+", default=list(FORWARDS), choices=FORWARDS)
+    ap.add_argument("--assignments", nargs="+", default=["cic"], choices=["cic", "tsc"],
+                    help="the PM forward's mass assignments to probe, each in turn (the linear forward has none)")
     ap.add_argument("--steps", type=int, default=1000, help="the fit's L-BFGS steps from zero")
     ap.add_argument("--theta", type=float, nargs="+", help="standardised theta (default: the prior's median)")
     ap.add_argument("--spans", type=float, nargs="+", default=[1e-1, 1e-2, 1e-3])
@@ -99,18 +104,21 @@ def main(argv=None) -> int:
     log = logging.getLogger("fli")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     res = {}
-    for fwd in a.forwards:
-        cfg, _ = compose([*a.overrides, f"mock={a.mock}", f"simulation.forward={fwd}"])
+    runs = [(f, m) for f in a.forwards for m in (a.assignments if f == "pm" else ["cic"])]
+    for fwd, scheme in runs:
+        cfg, _ = compose([*a.overrides, f"mock={a.mock}", f"simulation.forward={fwd}",
+                          f"simulation.assignment={scheme}"])
+        label = fwd if fwd == "linear" or len(a.assignments) == 1 and scheme == "cic" else f"{fwd}, {scheme}"
         _setup_process(cfg)  # as the commands do: x64 for simulation.dtype=float64
         _, post, data = prepare(cfg, log, compare_truth=False)
         theta = np.zeros(post.prior.n) if a.theta is None else np.asarray(a.theta)
         theta = jnp.asarray(theta, post.fwd.grid.jdtype)
         s, steps, gn, ev = FieldSolver(post, cfg.inference.map, a.steps, 0.0)(theta, post.zeros().s, data)
         lines = line(post, data, theta, s, a.spans, a.points)
-        res[fwd] = {"fit_steps": steps, "fit_grad_evals": ev, "fit_grad_rms": gn, "lines": lines}
+        res[label] = {"fit_steps": steps, "fit_grad_evals": ev, "fit_grad_rms": gn, "lines": lines}
         for span, ln in lines.items():
             log.info("%s: fit gradient RMS %.3g after %d steps; over +-%s phi' has a quadratic-fit residual of "
-                     "%.3g and its largest jump between points is %.3g (median %.3g)", fwd, gn, steps, span,
+                     "%.3g and its largest jump between points is %.3g (median %.3g)", label, gn, steps, span,
                      ln["quadratic_fit_residual_rms"], ln["largest_jump"], ln["median_jump"])
     out = {"mock": str(a.mock), "overrides": a.overrides, "steps": a.steps, "by_forward": res}
     if a.figure:

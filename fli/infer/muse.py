@@ -403,6 +403,15 @@ class Muse:
                           h_cols, history, converged, sum(self.used.values()), time.perf_counter() - t0,
                           self.grad_evals)
 
+    def _remedy(self, key: str) -> str:
+        """What would let the fits converge: CIC's kinks of U stall them on the PM forward
+        whatever the budget (docs/map.md), TSC's smooth U does not."""
+        fwd = self.post.fwd
+        if fwd.kind == "pm" and fwd.grid.assignment == "cic":
+            return (f"on the PM forward with CIC they stall on the kinks of U whatever {key}: "
+                    "simulation.assignment=tsc makes U smooth and lets them converge, docs/map.md")
+        return f"raise {key} for a sharper one"
+
     def _progress(self, what: str, total: int, h: bool = False):
         key, budget = ("h_steps", self.h_steps) if h else ("map_steps", self.cfg.map_steps)
         every = max(1, total // 4)
@@ -414,9 +423,9 @@ class Muse:
             if done == total and self.at_budget:
                 self.log.warning("MUSE %s: %d of the fits ended at inference.map.muse.%s = %d with the "
                                  "gradient's RMS at %.3g-%.3g > gtol %.3g (the data and the simulations are fitted "
-                                 "alike, so the estimate stays unbiased; raise %s for a sharper one)", what,
+                                 "alike, so the estimate stays unbiased; %s)", what,
                                  len(self.at_budget), key, budget, min(self.at_budget), max(self.at_budget),
-                                 self.cfg.gtol, key)
+                                 self.cfg.gtol, self._remedy(key))
                 self.at_budget = []
 
         return report

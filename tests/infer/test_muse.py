@@ -142,6 +142,12 @@ def test_h_refits_keep_their_own_step_budget_in_the_same_compiled_solver(linear,
     assert m.solver(jnp.asarray(theta, jnp.float32), m.warm["sim0"], x, 5)[1] == 5
     assert m.solver._solve._cache_size() == compiled
     assert "16 of the fits ended at inference.map.muse.h_steps = 2" in caplog.text
+    assert "raise h_steps for a sharper one" in caplog.text  # the linear forward's U is smooth
+    # on PM with CIC no budget helps (docs/map.md): the warning names TSC instead
+    pm = SimpleNamespace(post=SimpleNamespace(fwd=SimpleNamespace(kind="pm", grid=SimpleNamespace(assignment="cic"))))
+    assert "simulation.assignment=tsc" in Muse._remedy(pm, "map_steps")
+    pm.post.fwd.grid.assignment = "tsc"
+    assert Muse._remedy(pm, "map_steps") == "raise map_steps for a sharper one"
 
 
 @pytest.fixture(scope="module")
