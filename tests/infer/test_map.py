@@ -115,7 +115,8 @@ def test_particles_outrunning_the_halo_stop_the_fit_at_the_next_checkpoint(small
     from fli import painting
 
     real = painting.check_halo
-    monkeypatch.setattr(painting, "check_halo", lambda m, halo, policy="raise": real(m, 1e-6, policy))
+    monkeypatch.setattr(painting, "check_halo",
+                        lambda m, halo, policy="raise", scheme="cic": real(m, 1e-6, policy, scheme))
     run = tmp_path / "run"
     # Adam: the claim is the halo's, not the optimiser's, and Adam's step compiles in a fraction
     # of L-BFGS's line search (two compiles here: halo 2, then 3)

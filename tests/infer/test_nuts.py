@@ -312,7 +312,8 @@ def test_particles_outrunning_the_halo_stop_the_chain_before_the_chunk_is_kept(s
     before = kept()
     assert any("chunks" in p.parts for p in before) and (run / "nuts.json") in before
     real = painting.check_halo
-    monkeypatch.setattr(painting, "check_halo", lambda m, halo, policy="raise": real(m, 1e-6, policy))
+    monkeypatch.setattr(painting, "check_halo",
+                        lambda m, halo, policy="raise", scheme="cic": real(m, 1e-6, policy, scheme))
     extend = [*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.num_samples=10"]
     assert nuts_main(extend) == 2
     err = capsys.readouterr().err.strip().splitlines()
