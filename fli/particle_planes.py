@@ -15,7 +15,11 @@ Born weights ``q_b(r_i)`` assume) and deposited by 2D cloud-in-cell onto the pix
 centres at :attr:`~fli.lensing.LensGeometry.theta`). Its mass is the volume of a cell ``V``
 times the fraction ``w_z`` of its cell-wide extent ``[z - dz/2, z + dz/2]`` that lies inside
 the slab, so a particle moves continuously between neighbouring slabs and the total weight
-is conserved. A pixel then holds the density contrast integrated over the slab [Mpc/h]::
+is conserved. With ``simulation.assignment = tsc`` (the grid's) the particle is a TSC cloud
+instead: 3 x 3 pixels around the nearest with TSC's weights, and ``w_z`` the fraction of TSC's
+profile along z (3 cells wide) inside the slab; both then have continuous derivatives in the
+positions, as the PM's paint and read do (:mod:`fli.assignment`). A pixel then holds the
+density contrast integrated over the slab [Mpc/h]::
 
     plane_i(pixel) = sum_p w_z(p) V CIC(theta_p -> pixel) / (pixel side * r_i)^2  -  dr
 
@@ -41,8 +45,9 @@ cell, so that the forward's halo check (:func:`fli.painting.check_halo`) also gu
 slab cut: a particle from outside the cut could reach the slab only by moving farther than
 the halo allows.
 
-Derivatives with respect to the displacements are those of the piecewise-linear weights
-(automatic: a scatter-add whose transpose is a gather).
+Derivatives with respect to the displacements are those of the weights (automatic: a
+scatter-add whose transpose is a gather): CIC's piecewise-linear ones jump where a particle
+crosses a pixel centre or a slab edge +- half a cell; TSC's are continuous.
 """
 
 from __future__ import annotations
@@ -67,12 +72,33 @@ from fli.survey import NzBin, as_bin_list
 PLANES = ("mesh", "particles")
 
 
-def slab_pad(geometry: LensGeometry, halo: int) -> int:
+def slab_pad(geometry: LensGeometry, halo: int, scheme: str = "cic") -> int:
     """Lagrangian z-cells examined beyond each side of a slab: enough for a particle displaced
-    along z as far as the halo lets one move across (``halo * max(dx, dy)``), plus the half
-    cell of its extent."""
+    along z as far as the halo lets one move across (``halo * max(dx, dy)``), plus its extent
+    (half a cell for CIC, one and a half for TSC)."""
     cell = geometry.cell
-    return int(math.ceil(halo * max(cell[0], cell[1]) / cell[2])) + 1
+    return int(math.ceil(halo * max(cell[0], cell[1]) / cell[2])) + (1 if scheme == "cic" else 2)
+
+
+def _tsc_cdf(x):
+    """The integral of TSC's kernel (the quadratic B-spline on [-3/2, 3/2], unit area) up to ``x``:
+    piecewise cubic with two continuous derivatives."""
+    lo = (1.5 + x) ** 3 / 6.0
+    mid = 1.0 / 6.0 + 0.75 * (x + 0.5) - (x**3 + 0.125) / 3.0
+    hi = 1.0 - (1.5 - x) ** 3 / 6.0
+    return jnp.where(x <= -1.5, 0.0, jnp.where(x < -0.5, lo, jnp.where(x < 0.5, mid, jnp.where(x < 1.5, hi, 1.0))))
+
+
+def _transverse(u, scheme: str):
+    """Pixel offsets and weights along one axis of the pixel coordinate ``u`` (pixel j's centre at
+    u = j): CIC ``((0, 1 - f), (1, f))`` from ``floor(u)``; TSC's three from the nearest pixel."""
+    if scheme == "cic":
+        j = jnp.floor(u)
+        f = u - j
+        return j.astype(jnp.int32), ((0, 1.0 - f), (1, f))
+    j = jnp.floor(u + 0.5)
+    f = u - j
+    return j.astype(jnp.int32), ((-1, 0.5 * (0.5 - f) ** 2), (0, 0.75 - f * f), (1, 0.5 * (0.5 + f) ** 2))
 
 
 def check_particle_geometry(geometry: LensGeometry) -> None:
@@ -83,10 +109,10 @@ def check_particle_geometry(geometry: LensGeometry) -> None:
                          "with lensing.allow_replication = true, or a smaller lensing.fov_deg")
 
 
-def paint_plane(pos, mass, i, geometry: LensGeometry):
+def paint_plane(pos, mass, i, geometry: LensGeometry, scheme: str = "cic"):
     """Particles onto plane ``i``'s pixels: ``[npix, npix]`` of ``sum_p mass_p w_z(p) V
-    CIC(theta_p -> pixel) / (pixel side r_i)^2`` [Mpc/h] (the module docstring's formula
-    without its ``- dr``).
+    W(theta_p -> pixel) / (pixel side r_i)^2`` [Mpc/h] (the module docstring's formula
+    without its ``- dr``; ``W`` the ``scheme``'s weights, CIC or TSC).
 
     ``pos`` ``[..., 3]`` comoving positions [Mpc/h] in the periodic box (wrapped here; the
     observer at ``(Lx/2, Ly/2, 0)``, looking along +z), ``mass`` ``[...]`` in particles (1 for
@@ -102,18 +128,19 @@ def paint_plane(pos, mass, i, geometry: LensGeometry):
     r = jnp.asarray(np.asarray(geometry.plane_r, np.float64), dt)[i]
     # the particle's cell-wide extent along z against the slab [b0, b0 + dr), relative to b0
     zr = jnp.mod(pos[..., 2] - i.astype(dt) * dr + 0.5 * lz, lz) - 0.5 * lz
-    h = 0.5 * cz
-    wz = jnp.clip(jnp.minimum(zr + h, dr) - jnp.maximum(zr - h, 0.0), 0.0, None) / (2 * h)
+    if scheme == "cic":
+        h = 0.5 * cz
+        wz = jnp.clip(jnp.minimum(zr + h, dr) - jnp.maximum(zr - h, 0.0), 0.0, None) / (2 * h)
+    else:
+        wz = _tsc_cdf((dr - zr) / cz) - _tsc_cdf(-zr / cz)
     amp = mass * wz * (volume / (pix * r) ** 2)
     # angle theta = (x - L/2) / r_i -> pixel coordinate u (pixel j's centre at u = j)
     ux = (jnp.mod(pos[..., 0], lx) - 0.5 * lx) / (r * pix) + 0.5 * npix - 0.5
     uy = (jnp.mod(pos[..., 1], ly) - 0.5 * ly) / (r * pix) + 0.5 * npix - 0.5
-    jx, jy = jnp.floor(ux), jnp.floor(uy)
-    fx, fy = ux - jx, uy - jy
-    jx, jy = jx.astype(jnp.int32), jy.astype(jnp.int32)
+    (jx, wxs), (jy, wys) = _transverse(ux, scheme), _transverse(uy, scheme)
     plane = jnp.zeros((npix * npix,), dt)
-    for ox, wx in ((0, 1.0 - fx), (1, fx)):
-        for oy, wy in ((0, 1.0 - fy), (1, fy)):
+    for ox, wx in wxs:
+        for oy, wy in wys:
             px_, py_ = jx + ox, jy + oy
             inside = (px_ >= 0) & (px_ < npix) & (py_ >= 0) & (py_ < npix)
             flat = jnp.where(inside, px_ * npix + py_, 0)
@@ -173,7 +200,7 @@ def particle_plane_hook(geometry: LensGeometry, grid, *, halves: bool = False, s
     cx, cy, cz = (float(c) for c in geometry.cell)
     n_used, m = geometry.n_used, geometry.slab_cells
     dr = geometry.dr
-    pad = min(slab_pad(geometry, grid.halo), (nz - m) // 2)
+    pad = min(slab_pad(geometry, grid.halo, grid.assignment), (nz - m) // 2)
     width = m + 2 * pad  # Lagrangian z-cells examined per slab
 
     def local(disp, step):
@@ -196,7 +223,8 @@ def particle_plane_hook(geometry: LensGeometry, grid, *, halves: bool = False, s
                 pos = jnp.stack(jnp.broadcast_arrays((ix.astype(dt) + ox)[:, None, None] * cx,
                                                      (iy.astype(dt) + oy)[None, :, None] * cy,
                                                      kz.astype(dt)[None, None, :] * cz), axis=-1) + dxy
-                planes = [pl + paint_plane(pos, mass, i, geometry) for pl, mass in zip(planes, masses, strict=True)]
+                planes = [pl + paint_plane(pos, mass, i, geometry, grid.assignment)
+                          for pl, mass in zip(planes, masses, strict=True)]
         plane = jnp.stack(planes) if halves else planes[0]
         ax = plane.ndim - 2
         plane = lax.psum_scatter(plane, "x", scatter_dimension=ax, tiled=True)

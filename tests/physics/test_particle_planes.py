@@ -101,7 +101,7 @@ def _random_disp(seed, scale=1.9, dtype=np.float32):
     return d.astype(dtype)
 
 
-def _all_particles_reference(geom, disp, sub=1):
+def _all_particles_reference(geom, disp, sub=1, scheme="cic"):
     """Every particle painted onto every plane (no slab cut, one device), nearest first; with
     ``sub``, as sub x sub sub-particles whose displacements are interpolated here with np.roll."""
     cell = np.asarray(BOX) / np.asarray(SHAPE)
@@ -117,7 +117,7 @@ def _all_particles_reference(geom, disp, sub=1):
             mass.append(np.full(pos[-1].shape[0], 1.0 / sub ** 2))
     pos = jnp.asarray(np.concatenate(pos).astype(disp.dtype))
     mass = jnp.asarray(np.concatenate(mass).astype(disp.dtype))
-    return np.stack([np.asarray(paint_plane(pos, mass, i, geom)) - geom.dr for i in range(geom.n_used)])
+    return np.stack([np.asarray(paint_plane(pos, mass, i, geom, scheme)) - geom.dr for i in range(geom.n_used)])
 
 
 def _sharded(disp, grid):
@@ -156,6 +156,59 @@ def test_particle_planes_identical_on_every_layout_and_to_painting_every_particl
     assert np.abs(three[:, 1] - three[:, 2]).max() > 0.1 * np.abs(ref).max()
 
 
+def test_tsc_planes_weights_conservation_and_slab_cut(geom):
+    """simulation.assignment=tsc paints a particle as a TSC cloud: 3 x 3 pixels with the weights
+    (1/8, 3/4, 1/8) per axis at a pixel centre, a z-weight that is TSC's profile's share of the
+    slab (1/2 at an edge; the shares of neighbouring slabs add to 1), and the hook's slab cut,
+    wider by a cell, still sees every particle that reaches a slab."""
+    i = 2
+    with jax.enable_x64(True):
+        u = _unit(geom, i)
+
+        def paint(pos, j=i):
+            return np.asarray(paint_plane(jnp.asarray(np.array([pos], np.float64)), jnp.ones(1), j, geom, "tsc"))
+
+        pl = paint(_at(geom, i, 3, 4))
+        w = np.array([0.125, 0.75, 0.125])
+        np.testing.assert_allclose(pl[2:5, 3:6], u * np.outer(w, w), rtol=1e-12)
+        assert pl.sum() == pytest.approx(u, rel=1e-12)
+        cz, edge = geom.cell[2], (i + 1) * geom.dr
+        assert paint(_at(geom, i, 3, 4, z=edge)).sum() == pytest.approx(0.5 * u, rel=1e-12)
+        for z in (edge - 1.2 * cz, edge - 0.3 * cz, edge + 0.7 * cz, edge + 1.6 * cz):
+            shares = [paint(_at(geom, i, 3, 4, z=z), j).sum() / _unit(geom, j) for j in (i, i + 1)]
+            assert sum(shares) == pytest.approx(1.0, rel=1e-12), z
+    disp = _random_disp(1)
+    ref = _all_particles_reference(geom, disp, scheme="tsc")[::-1]
+    grid = Grid(SHAPE, BOX, make_mesh((2, 2)), halo=HALO, assignment="tsc")
+    planes, _ = _run_hook(particle_plane_hook(geom, grid), _sharded(disp, grid), geom.n_used)
+    np.testing.assert_allclose(np.asarray(planes), ref, rtol=0, atol=2e-6 * np.abs(ref).max())
+    assert np.abs(ref - _all_particles_reference(geom, disp)[::-1]).max() > 1e-3 * np.abs(ref).max()
+
+
+def test_tsc_plane_gradients_are_continuous_where_cic_jumps(geom):
+    """A particle moved through where its weights change piece (CIC: a pixel centre, and half a
+    cell inside a slab's edge; TSC: half a pixel off a centre, the same z): the gradient of a
+    weighted plane jumps with CIC and not with TSC (fli/assignment.py, docs/map.md)."""
+    i = 1
+    wts = jnp.asarray(np.random.default_rng(7).normal(size=(NPIX, NPIX)))
+    jumps = {}
+    with jax.enable_x64(True):
+        for scheme, dx in (("cic", 0.0), ("tsc", 0.5)):
+            def loss(p, scheme=scheme):
+                return jnp.sum(wts * paint_plane(p[None], jnp.ones(1), i, geom, scheme))
+
+            grad = jax.jit(jax.grad(loss))
+            z = i * geom.dr + 0.5 * geom.cell[2]
+            out = []
+            for eps in (-1e-9, 1e-9):
+                x, y, _ = _at(geom, i, 3, 4, dx=dx + eps / geom.pixel_size_rad / geom.plane_r[i], dy=0.3)
+                out.append(np.asarray(grad(jnp.asarray([x, y, z + eps]))))
+            jumps[scheme] = np.abs(out[1] - out[0]).max() / np.abs(out[0]).max()
+    # CIC's slopes change by O(1) of the gradient; TSC's by 2e-9 times a curvature of O(1 / cell)
+    assert jumps["cic"] > 0.05, jumps
+    assert jumps["tsc"] < 1e-6, jumps
+
+
 def test_subparticles_interpolate_the_displacements_across_devices(geom):
     """2 x 2 sub-particles per particle, their displacements interpolated from the neighbours
     (exchanged between devices): the same planes on every layout as np.roll's interpolation on
@@ -179,12 +232,13 @@ def test_subparticles_interpolate_the_displacements_across_devices(geom):
         assert np.asarray(planes).std() < np.asarray(whole).std()
 
 
-@pytest.mark.parametrize("sub", [1, 2])
-def test_particle_plane_gradients_match_finite_differences(geom, sub):
+@pytest.mark.parametrize(("sub", "scheme"), [(1, "cic"), (2, "cic"), (1, "tsc")])
+def test_particle_plane_gradients_match_finite_differences(geom, sub, scheme):
     """d/d(disp) of a weighted sum of all planes, against central differences along a random
-    direction: CIC and the slab weights are piecewise linear, so a step of 1e-6 cells that
-    crosses no cell edge gives the derivative to float64 rounding."""
-    grid = Grid(SHAPE, BOX, make_mesh((2, 2)), halo=HALO)
+    direction: CIC and the slab weights are piecewise linear (TSC's quadratic, its slab weight
+    cubic), so a step of 1e-6 cells that crosses no edge of a piece gives the derivative to float64
+    rounding (TSC: plus O(1e-12) of truncation)."""
+    grid = Grid(SHAPE, BOX, make_mesh((2, 2)), halo=HALO, assignment=scheme)
     hook = particle_plane_hook(geom, grid, sub=sub)
     with jax.enable_x64(True):
         disp = jnp.asarray(_random_disp(2, dtype=np.float64))
