@@ -214,6 +214,13 @@ class ScoreStore:
             raise RuntimeError(f"MUSE: no score for {missing[:3]} and no other process to make it")
 
 
+def kinked(fwd) -> bool:
+    """Whether the forward's potential has kinks in the field: the PM forward with CIC mass
+    assignment, whose derivative jumps where a particle crosses a grid point (docs/map.md, "Why
+    the PM fits stall"). Field fits stall on them whatever their budget; TSC's is smooth."""
+    return fwd.kind == "pm" and fwd.grid.assignment == "cic"
+
+
 class Muse:
     """The MUSE iteration of one posterior and one observation (see the module docstring).
 
@@ -406,8 +413,7 @@ class Muse:
     def _remedy(self, key: str) -> str:
         """What would let the fits converge: CIC's kinks of U stall them on the PM forward
         whatever the budget (docs/map.md), TSC's smooth U does not."""
-        fwd = self.post.fwd
-        if fwd.kind == "pm" and fwd.grid.assignment == "cic":
+        if kinked(self.post.fwd):
             return (f"on the PM forward with CIC they stall on the kinks of U whatever {key}: "
                     "simulation.assignment=tsc makes U smooth and lets them converge, docs/map.md")
         return f"raise {key} for a sharper one"

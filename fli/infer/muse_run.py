@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from fli.files import is_writer
-from fli.infer.muse import Muse, ScoreStore
+from fli.infer.muse import Muse, ScoreStore, kinked
 from fli.infer.muse_result import H_RESOLVED, MuseResult
 
 SCORES = "muse_scores.jsonl"
@@ -165,6 +165,10 @@ def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
              ", ".join(post.names), settings.n_sims, settings.iterations,
              "the prior's median" if start is None else
              f"theta_z = {np.round(theta0, 4).tolist()} (inference.map.muse.start)")
+    if kinked(post.fwd):
+        log.warning("MUSE on the PM forward with simulation.assignment=cic: CIC puts kinks in the potential where "
+                    "the field fits stall, so H and J come out noisy and MUSE reads wide; "
+                    "simulation.assignment=tsc (for the mock too) makes it smooth (docs/map.md)")
     if is_writer():
         (run_dir / ITERATIONS).unlink(missing_ok=True)
 
