@@ -414,8 +414,8 @@ class Muse:
         """What would let the fits converge: CIC's kinks of U stall them on the PM forward
         whatever the budget (docs/map.md), TSC's smooth U does not."""
         if kinked(self.post.fwd):
-            return (f"on the PM forward with CIC they stall on the kinks of U whatever {key}: "
-                    "simulation.assignment=tsc makes U smooth and lets them converge, docs/map.md")
+            return (f"with CIC on the PM forward no {key} brings them to gtol, since U has kinks: "
+                    "simulation.assignment=tsc makes U smooth so that they converge, docs/map.md")
         return f"raise {key} for a sharper one"
 
     def _progress(self, what: str, total: int, h: bool = False):
