@@ -140,15 +140,15 @@ def pm_force(cosmo: Cosmology, disp: Array, grid: Grid) -> tuple[Array, Density]
 
     Paint (one scatter; CIC or TSC, ``grid.assignment``), one forward FFT, three inverse FFTs,
     one read of the three components. The potential kernel carries the grid's resolution correction
-    (``grid.force_correction``, see :func:`fli.fft.force_correction_kernel`).
+    (``grid.force_coefficient``, see :func:`fli.fft.force_correction_kernel`).
     Returns ``(force [nx,ny,nz,3] [Mpc/h H0^2], density)``, the :class:`Density` with its FFT
     and the particles' stencil, which the step's hook may reuse.
     """
     plan = grid.fft
     dens = density_of(disp, grid)  # its stencil is shared by the paint, the read and their adjoints
     kernel = inv_laplace_kernel(plan, grid.box, dtype=grid.dtype)
-    if grid.force_correction:
-        kernel = kernel * force_correction_kernel(plan, grid.box, grid.force_correction, dtype=grid.dtype)
+    if grid.force_coefficient:
+        kernel = kernel * force_correction_kernel(plan, grid.box, grid.force_coefficient, dtype=grid.dtype)
     pot_k = dens.rho_k * (1.5 * cosmo.Omega_m * kernel)
     comps = jnp.stack([plan.irfft(-gradient_kernel(plan, grid.box, i, dtype=grid.dtype) * pot_k) for i in range(3)])
     force = read(comps, disp / jnp.asarray(grid.cell, disp.dtype), grid.mesh, grid.halo, stencil=dens.stencil,

@@ -226,6 +226,9 @@ def test_the_config_mass_assignment_reaches_the_pm():
         np.testing.assert_array_equal(np.asarray(rho), np.asarray(paint(disp / cell, grid.mesh, 2, scheme=sc)))
         force[sc] = np.asarray(pm_force(planck18(), disp, grid)[0])
     assert not np.allclose(force["cic"], force["tsc"], rtol=1e-3)
+    # TSC's wider read: the correction's coefficient scaled by (1/6 + 1/8) / (1/6 + 1/12) = 7/6
+    assert grids["cic"].force_coefficient == 0.25
+    assert grids["tsc"].force_coefficient == pytest.approx(7 / 24, rel=1e-12)
     with pytest.raises(ValueError, match="mass assignment must be one of"):
         Grid(SHAPE, BOX, make_mesh((1, 1)), assignment="pcs")
 
