@@ -93,12 +93,14 @@ def _value(cfg: dict, dotted: str):
 def unread(cfg: dict) -> set[str]:
     """The dotted keys that a resolved config's own settings make irrelevant: sampler keys its
     kernel never reads (:data:`KERNEL_KEYS`), the particle planes' keys under mesh planes or the
-    linear forward, the shift's shape when it is off. :func:`differences` skips the keys that
-    both sides leave unread."""
+    linear forward, the mass assignment under the linear forward, the shift's shape when it is
+    off. :func:`differences` skips the keys that both sides leave unread."""
     out = set()
     kernel = _value(cfg, "inference.kernel")
     if isinstance(kernel, str):
         out |= set(unread_by(kernel))
+    if _value(cfg, "simulation.forward") == "linear":  # no particles: nothing is painted
+        out.add("simulation.assignment")
     if _value(cfg, "lensing.planes") == "mesh" or _value(cfg, "simulation.forward") == "linear":
         out |= set(PARTICLE_PLANE_KEYS)
     elif _same(_value(cfg, "lensing.pgd_alpha"), 0.0):

@@ -436,6 +436,21 @@ def test_particle_plane_keys_count_only_where_the_particle_planes_are_painted():
         check_resumable(part, part2, ())
 
 
+def test_the_mass_assignment_counts_only_where_particles_are_painted():
+    """simulation.assignment (added with TSC): a run saved without it is CIC's; it is a model key
+    of the PM forward, and the linear forward, which paints nothing, never reads it."""
+    old = {"run_dir": "r", "simulation": {"forward": "pm"}}
+    cic = {"run_dir": "r", "simulation": {"forward": "pm", "assignment": "cic"}}
+    check_resumable(old, cic, ())
+    tsc = json.loads(json.dumps(cic))
+    tsc["simulation"]["assignment"] = "tsc"
+    with pytest.raises(ConfigError, match="simulation.assignment"):
+        check_resumable(old, tsc, ())
+    lin_old, lin_tsc = json.loads(json.dumps(old)), json.loads(json.dumps(tsc))
+    lin_old["simulation"]["forward"] = lin_tsc["simulation"]["forward"] = "linear"
+    check_resumable(lin_old, lin_tsc, ())
+
+
 # --------------------------------------------------------------------------- optimiser states
 
 
