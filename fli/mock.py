@@ -164,9 +164,10 @@ def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
 
     def theory(cosmo, bins, k, ell_t):
         p_th, p_hf = linear_power(cosmo, k, a_end), halofit_power(cosmo, k, a_end)
-        # what the PM map should see: plane-sum Limber with the CIC paint + bilinear read windows
-        # (mesh planes only: particle planes are painted at the pixels, and the figure leaves it out)
-        cl_th = limber_cl_planes(cosmo, bins, ell_t, geom, mesh_window=8)
+        # what the PM map should see: plane-sum Limber with the paint (CIC sinc^4, TSC sinc^6) and
+        # bilinear read (sinc^4) windows (mesh planes only: particle planes are painted at the
+        # pixels, and the figure leaves it out)
+        cl_th = limber_cl_planes(cosmo, bins, ell_t, geom, mesh_window=8 if grid.assignment == "cic" else 10)
         cl_cont = limber_cl_planes(cosmo, bins, ell_t, geom)
         # the same plane sum with halofit's P(k): what the map would carry with all the small-scale power
         r = jnp.asarray(geom.plane_r)
@@ -193,7 +194,7 @@ def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
     return {
         "kappa_maps": str(plots.kappa_maps(kt, ko, cfg.lensing.fov_deg, run_dir / "kappa_maps.png")),
         "matter_power": str(plots.matter_power(k, p_sim, p_lin, p_th, a_end, run_dir / "matter_power.png",
-                                               k_nyq=k_nyq, p_halofit=p_hf)),
+                                               k_nyq=k_nyq, p_halofit=p_hf, assignment=grid.assignment)),
         "kappa_cl": str(plots.kappa_cl(ell, cl, cl_cont, noise_cl, run_dir / "kappa_cl.png", ell_theory=ell_t,
                                        ell_range=(ell_lo, ell_hi), cl_windowed=None if particles else cl_th,
                                        cl_halofit=cl_hf, shot_cl=shot_cl)),

@@ -49,13 +49,14 @@ def kappa_maps(kappa_true: np.ndarray, kappa_obs: np.ndarray, fov_deg: float, pa
 
 
 def matter_power(k: np.ndarray, p_sim: np.ndarray, p_lin_realisation: np.ndarray, p_theory: np.ndarray,
-                 a: float, path: Path, k_nyq: float | None = None, p_halofit: np.ndarray | None = None) -> Path:
-    """3D P(k) of the final particle field against linear theory and halofit at the same
-    scale factor."""
+                 a: float, path: Path, k_nyq: float | None = None, p_halofit: np.ndarray | None = None,
+                 assignment: str = "cic") -> Path:
+    """3D P(k) of the final particle field (painted with ``assignment``) against linear theory and
+    halofit at the same scale factor."""
     fig, (ax, axr) = plt.subplots(2, 1, figsize=(6, 6.2), sharex=True, height_ratios=[3, 1.3],
                                   constrained_layout=True)
     sel = p_sim > 0
-    ax.loglog(k[sel], p_sim[sel], "C0-", label="PM (CIC-painted particles)")
+    ax.loglog(k[sel], p_sim[sel], "C0-", label=f"PM ({assignment.upper()}-painted particles)")
     ax.loglog(k[sel], p_lin_realisation[sel], "C1--", label="linear field, same realisation")
     ax.loglog(k[sel], p_theory[sel], "k:", label="linear theory $P_{EH}(k)$")
     if p_halofit is not None:
