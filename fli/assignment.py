@@ -128,9 +128,6 @@ class Stencil(NamedTuple):
     def scheme(self) -> str:
         return scheme_of(self.idx.shape[-1])
 
-    def rows(self, x0, n: int) -> Stencil:
-        return Stencil(*(lax.dynamic_slice_in_dim(a, x0, n, 0) for a in self))
-
 
 def local_stencil(disp: Array, halo: int, scheme: str = "cic") -> Stencil:
     """The :class:`Stencil` of the local block, materialised once.
@@ -177,13 +174,18 @@ def _corner_weights(wx, wy, wz) -> Array:
     return w.reshape(w.shape[:-3] + (w.shape[-1] ** 3,))
 
 
+def tsc_weights(f):
+    """TSC's 1D weights at the points -1, 0, +1 around the nearest one, for the offset ``f`` in
+    ``[-1/2, 1/2)`` from it: ``((1/2 - f)^2 / 2, 3/4 - f^2, (1/2 + f)^2 / 2)``."""
+    return 0.5 * (0.5 - f) ** 2, 0.75 - f * f, 0.5 * (0.5 + f) ** 2
+
+
 def _axis_weights(frac: Array, n: int):
-    """The 1D weights of ``frac`` ``[..., 3]`` per axis: CIC ``(1 - f, f)``; TSC
-    ``((1/2 - f)^2 / 2, 3/4 - f^2, (1/2 + f)^2 / 2)``."""
+    """The 1D weights of ``frac`` ``[..., 3]`` per axis: CIC ``(1 - f, f)``; TSC :func:`tsc_weights`."""
     f = [frac[..., i] for i in range(3)]
     if n == 2:
         return tuple((1.0 - g, g) for g in f)
-    return tuple((0.5 * (0.5 - g) ** 2, 0.75 - g * g, 0.5 * (0.5 + g) ** 2) for g in f)
+    return tuple(tsc_weights(g) for g in f)
 
 
 def _tsc_slopes(frac: Array):

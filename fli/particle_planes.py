@@ -62,6 +62,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from fli.assignment import tsc_weights
 from fli.cosmology import Cosmology
 from fli.halo import pad_local
 from fli.lensing import KAPPA_SPEC, LensGeometry, _born_weights_jit, _check_grid
@@ -98,7 +99,7 @@ def _transverse(u, scheme: str):
         return j.astype(jnp.int32), ((0, 1.0 - f), (1, f))
     j = jnp.floor(u + 0.5)
     f = u - j
-    return j.astype(jnp.int32), ((-1, 0.5 * (0.5 - f) ** 2), (0, 0.75 - f * f), (1, 0.5 * (0.5 + f) ** 2))
+    return j.astype(jnp.int32), tuple(zip((-1, 0, 1), tsc_weights(f), strict=True))
 
 
 def check_particle_geometry(geometry: LensGeometry) -> None:
