@@ -1,0 +1,108 @@
+#!/usr/bin/env python
+"""Does MUSE agree with the sampled posterior? One mock, MUSE's map.json against fli-diagnose's
+diagnostics.json of chains on the same mock and model.
+
+Per parameter (Omega_c, sigma8, S8): MUSE's value and sd (its latent Gaussian pushed through the
+prior, as fli-map writes them) beside the chains' mean and sd, and
+
+* ``offset``: (MUSE value - chains' mean) / chains' sd, with its Monte Carlo error from the
+  chains' MCSE of the mean and MUSE's own ``mc_sd`` (its simulations' noise), added in quadrature;
+* ``sd_ratio``: MUSE's sd / the chains' sd, with the error the chains' MCSE of the sd gives it
+  (MUSE's sd has no Monte Carlo error in map.json's physical block, so none is added);
+* issue 21's verdict for S8: |offset| <= 0.3 and |sd_ratio - 1| <= 0.25.
+
+The cost side: MUSE's gradient evaluations and seconds beside what the chains would need for a
+bulk ESS of 400 in S8 at their measured rate (post-warm-up gradients only; the warm-up's are
+reported apart when the chains' runs are given).
+
+    python scripts/muse_vs_chains.py --muse docs/bench/muse_tsc_pair0_map.json \\
+        --chains <fli-diagnose run>/diagnostics.json --json docs/bench/muse_vs_mclmc_pm_tsc.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+PARAMS = ("Omega_c", "sigma8", "S8")
+OFFSET_MAX = 0.3  # issue 21: theta_MUSE within 0.3 posterior sd of the posterior mean
+RATIO_TOL = 0.25  # issue 21: sigma_MUSE within 25 % of the posterior sd
+ESS_TARGET = 400.0
+
+
+def _load(path: Path, what: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--{what} {path}: cannot read it as JSON ({e})") from None
+
+
+def compare(muse_map: dict, diag: dict) -> dict:
+    """The comparison, per parameter, and the verdict on S8."""
+    muse = muse_map.get("muse")
+    if not muse or "params" not in muse:
+        raise SystemExit("--muse: map.json has no 'muse' block (run fli-map with inference.map.estimator=muse)")
+    chains = diag.get("params")
+    if not chains:
+        raise SystemExit("--chains: diagnostics.json has no 'params' block (is it fli-diagnose's?)")
+    truth = muse_map.get("truth") or {}
+    out: dict = {"params": {}}
+    for k in PARAMS:
+        c = chains.get(k)
+        if c is None:
+            raise SystemExit(f"--chains: diagnostics.json has no parameter {k!r} (has {sorted(chains)})")
+        value, sd, mc = muse["params"][k], muse["sd"][k], (muse.get("mc_sd") or {}).get(k, 0.0)
+        offset = (value - c["mean"]) / c["sd"]
+        offset_err = math.hypot(c["mcse_mean"], mc) / c["sd"]
+        ratio = sd / c["sd"]
+        ratio_err = ratio * c["mcse_sd"] / c["sd"] if c.get("mcse_sd") is not None else None
+        row = {"muse": {"value": value, "sd": sd, "mc_sd": mc},
+               "chains": {x: c.get(x) for x in ("mean", "sd", "mcse_mean", "mcse_sd", "ess_bulk", "ess_tail", "rhat")},
+               "offset": offset, "offset_mc_err": offset_err, "sd_ratio": ratio, "sd_ratio_mc_err": ratio_err}
+        if k in truth:
+            row["truth"] = truth[k]
+            row["muse_pull"] = (value - truth[k]) / sd
+            row["chains_pull"] = (c["mean"] - truth[k]) / c["sd"]
+        out["params"][k] = row
+    s8 = out["params"]["S8"]
+    out["criterion"] = {
+        "what": f"S8: |offset| <= {OFFSET_MAX} and |sd_ratio - 1| <= {RATIO_TOL} (issue 21)",
+        "offset_ok": abs(s8["offset"]) <= OFFSET_MAX,
+        "sd_ratio_ok": abs(s8["sd_ratio"] - 1.0) <= RATIO_TOL,
+    }
+    out["criterion"]["pass"] = out["criterion"]["offset_ok"] and out["criterion"]["sd_ratio_ok"]
+    out["muse_run"] = {x: muse.get(x) for x in ("converged", "iterations", "grad_evals", "seconds", "settings",
+                                                 "h_unresolved")}
+    eff = diag.get("efficiency") or {}
+    rate = ((eff.get("params") or {}).get("S8") or {}).get("ess_bulk_per_1000_grads")
+    out["chains_run"] = {"chains": diag.get("chains"), "draws_per_chain": diag.get("draws_per_chain"),
+                         "post_warmup_gradient_evals": eff.get("gradient_evals"), "seconds": eff.get("seconds"),
+                         "S8_ess_bulk_per_1000_grads": rate,
+                         "post_warmup_grads_to_ess_400": None if not rate else 1000.0 * ESS_TARGET / rate,
+                         "verdict": diag.get("verdict")}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--muse", type=Path, required=True, help="fli-map's map.json of a MUSE run")
+    ap.add_argument("--chains", type=Path, required=True, help="fli-diagnose's diagnostics.json of chains on that mock")
+    ap.add_argument("--note", default="", help="what the mock and runs were, kept in the JSON")
+    ap.add_argument("--json", type=Path, help="write the comparison here too")
+    a = ap.parse_args(argv)
+    res = {"note": a.note, "muse_source": str(a.muse), "chains_source": str(a.chains),
+           **compare(_load(a.muse, "muse"), _load(a.chains, "chains"))}
+    text = json.dumps(res, indent=1)
+    print(text)
+    if a.json:
+        tmp = a.json.with_name(f".{a.json.name}.tmp")
+        tmp.write_text(text + "\n")
+        tmp.rename(a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
