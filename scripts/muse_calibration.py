@@ -25,7 +25,9 @@ Resumable: a mock or an analysis already finished is passed over, and ``fli-map`
 own runs (MUSE fit by fit). ``--report-only`` summarises what is there. ``--keep DIR`` copies each
 finished analysis's ``map.json`` (a few kB) to ``DIR/map_<i>.json`` and counts those as finished
 too: a study that outlives its machine (the study directory is scratch; ``DIR`` is committed)
-resumes at the first mock with no record.
+resumes at the first mock with no record. A mock still being analysed has its finished fits'
+scores copied to ``DIR/partial_<i>/`` every few minutes (kB; removed once its map.json is
+kept), and a new machine resumes it from them, fit by fit.
 
     nice -n 19 python scripts/muse_calibration.py --out /work/studies/muse_linear --mocks 50 \\
         --json docs/bench/muse_calibration_linear.json -- \\
@@ -78,7 +80,52 @@ def _keep(run: Path, keep: Path | None, i: int) -> None:
         keep_record(run / "map.json", keep / f"map_{i:03d}.json")
 
 
-def analyse(out: Path, mocks: int, overrides: list[str], core: int = 0, keep: Path | None = None) -> None:
+SAVE_EVERY = 300.0  # [s] between copies of a running analysis's progress to --keep
+
+
+def _fingerprint(mock: Path) -> str | None:
+    try:
+        return json.loads((mock / "mock.zarr" / "zarr.json").read_text())["attributes"]["fli_fingerprint"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _save_partial(run: Path, mock: Path, keep: Path | None, i: int, overrides: list[str]) -> None:
+    """Copy an unfinished MUSE run's progress, the scores of its finished fits (kB), to
+    ``keep/partial_<i>/`` with the mock's fingerprint and the overrides, so that a study whose
+    scratch directory does not outlive the machine resumes fit by fit (fli-map repeats the joint
+    MAP, and MUSE only the fits it lacks)."""
+    scores = sorted(run.glob("muse_scores*.jsonl"))
+    if keep is None or (run / "map.json").exists() or not scores:
+        return
+    dst = keep / f"partial_{i:03d}"
+    for p in [*scores, *run.glob("muse_iterations.jsonl")]:
+        keep_record(p, dst / p.name)
+    meta = {"fingerprint": _fingerprint(mock), "overrides": overrides}
+    if not (dst / "partial.json").exists() or json.loads((dst / "partial.json").read_text()) != meta:
+        (dst / "partial.json").write_text(json.dumps(meta) + "\n")
+
+
+def _restore_partial(run: Path, mock: Path, keep: Path | None, i: int, overrides: list[str]) -> None:
+    """Put ``keep/partial_<i>/``'s scores into a new run directory, if they belong to this mock
+    (its fingerprint) and these overrides; otherwise say why they are not used."""
+    src = keep / f"partial_{i:03d}" if keep is not None else None
+    if src is None or not (src / "partial.json").exists() or (run / "muse_scores.jsonl").exists():
+        return
+    meta = json.loads((src / "partial.json").read_text())
+    want = {"fingerprint": _fingerprint(mock), "overrides": overrides}
+    if meta != want:
+        what = "mock" if meta.get("fingerprint") != want["fingerprint"] else "overrides"
+        print(f"mock {i}: {src} holds fits of another {what}; not used (remove it to silence this)", flush=True)
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    for p in src.glob("muse_*.jsonl"):
+        shutil.copyfile(p, run / p.name)
+    print(f"mock {i}: resuming from the fits kept in {src}", flush=True)
+
+
+def analyse(out: Path, mocks: int, overrides: list[str], core: int = 0, keep: Path | None = None,
+            save_every: float = SAVE_EVERY) -> None:
     _, prior = _prior(overrides)
     for i in range(mocks):
         mock, run = out / f"mock_{i:03d}", out / f"map_{i:03d}"
@@ -92,9 +139,12 @@ def analyse(out: Path, mocks: int, overrides: list[str], core: int = 0, keep: Pa
             shutil.rmtree(mock, ignore_errors=True)  # a mock cut short is made again
             _run(["fli.cli.mock", *overrides, *(f"cosmology.{k}={v!r}" for k, v in truth.items()), f"seed={i}",
                   f"run_dir={mock}"], out / f"mock_{i:03d}.log", core)
+        _restore_partial(run, mock, keep, i, overrides)
         _run(["fli.cli.map", *overrides, f"mock={mock}", f"run_dir={run}", "inference.map.estimator=muse"],
-             out / f"map_{i:03d}.log", core)
+             out / f"map_{i:03d}.log", core, every=(save_every, lambda: _save_partial(run, mock, keep, i, overrides)))
         _keep(run, keep, i)
+        if keep is not None:
+            shutil.rmtree(keep / f"partial_{i:03d}", ignore_errors=True)  # map.json is kept: the fits are done
         print(f"[{time.strftime('%H:%M:%S')}] mock {i}: {time.time() - t0:.0f} s", flush=True)
 
 
@@ -199,11 +249,13 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="write the summary here too")
     ap.add_argument("--report-only", action="store_true", help="summarise the finished analyses; run nothing")
     ap.add_argument("--keep", type=Path, help="copy each finished analysis's map.json here, and count those as done")
+    ap.add_argument("--save-every", type=float, default=SAVE_EVERY, help="seconds between copies of a running "
+                    "analysis's fits to --keep (default %(default)s)")
     ap.add_argument("overrides", nargs="*", help="config overrides for both commands (after --)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.report_only:
-        analyse(a.out, a.mocks, a.overrides, a.core, a.keep)
+        analyse(a.out, a.mocks, a.overrides, a.core, a.keep, a.save_every)
     res = report(a.out, a.overrides, a.keep)
     emit(res, a.json)
     return 0

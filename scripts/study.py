@@ -6,19 +6,30 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_logged(cmd: list[str], log: Path, core: int = 0, ok: tuple[int, ...] = (0,)) -> int:
+def run_logged(cmd: list[str], log: Path, core: int = 0, ok: tuple[int, ...] = (0,),
+               every: tuple[float, Callable[[], None]] | None = None) -> int:
     """``python -m cmd...`` under ``nice -n 19``, pinned to ``core`` and single-threaded, its
     output appended to ``log``; its exit status. Any status outside ``ok`` stops the driver in one
-    line naming the log."""
+    line naming the log. ``every=(seconds, f)`` calls ``f`` that often while the command runs, and
+    once when it ends (a study saving its progress somewhere that outlives the machine)."""
     env = dict(os.environ, XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     full = ["nice", "-n", "19", "taskset", "-c", str(core), sys.executable, "-m", *cmd]
     with open(log, "a") as f:
-        rc = subprocess.run(full, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(full, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        while True:
+            try:
+                rc = proc.wait(timeout=every[0] if every else None)
+                break
+            except subprocess.TimeoutExpired:
+                every[1]()
+    if every:
+        every[1]()
     if rc not in ok:
         raise SystemExit(f"{' '.join(cmd[:1])} failed with status {rc}; see {log}")
     return rc

@@ -1,0 +1,67 @@
+"""scripts/muse_calibration.py's partial records: an analysis cut short on one machine resumes on
+another from the fits' scores kept in the committed folder, and only on the same mock and
+overrides. (The end-to-end resume, fli-map reading the restored scores, is tested by
+tests/infer/test_muse.py's resume tests; this checks what the driver carries across.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+OVERRIDES = ["experiment=tiny", "survey.sigma_e=0.05"]
+
+
+@pytest.fixture(scope="module")
+def cal():
+    spec = importlib.util.spec_from_file_location("muse_calibration", ROOT / "scripts" / "muse_calibration.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _mock(path: Path, fingerprint: str) -> Path:
+    (path / "mock.zarr").mkdir(parents=True)
+    (path / "mock.zarr" / "zarr.json").write_text(json.dumps({"attributes": {"fli_fingerprint": fingerprint}}))
+    return path
+
+
+def _run(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "muse_scores.jsonl").write_text('{"name": "data", "theta": [0.0, 0.0]}\n')
+    (path / "muse_iterations.jsonl").write_text('{"iteration": 0}\n')
+    return path
+
+
+def test_saved_then_restored_on_a_new_machine(cal, tmp_path):
+    mock, keep = _mock(tmp_path / "old" / "mock_003", "abc"), tmp_path / "keep"
+    cal._save_partial(_run(tmp_path / "old" / "map_003"), mock, keep, 3, OVERRIDES)
+    kept = keep / "partial_003"
+    assert sorted(p.name for p in kept.iterdir()) == ["muse_iterations.jsonl", "muse_scores.jsonl", "partial.json"]
+    new_mock, new_run = _mock(tmp_path / "new" / "mock_003", "abc"), tmp_path / "new" / "map_003"
+    cal._restore_partial(new_run, new_mock, keep, 3, OVERRIDES)
+    assert (new_run / "muse_scores.jsonl").read_text() == (kept / "muse_scores.jsonl").read_text()
+    assert (new_run / "muse_iterations.jsonl").exists()
+
+
+@pytest.mark.parametrize("fingerprint, overrides, what", [("xyz", OVERRIDES, "mock"),
+                                                          ("abc", [*OVERRIDES, "inference.map.muse.n_sims=8"],
+                                                           "overrides")])
+def test_not_restored_onto_another_mock_or_config(cal, tmp_path, capsys, fingerprint, overrides, what):
+    keep = tmp_path / "keep"
+    cal._save_partial(_run(tmp_path / "old" / "map_000"), _mock(tmp_path / "old" / "mock_000", "abc"), keep, 0,
+                      OVERRIDES)
+    new_run = tmp_path / "new" / "map_000"
+    cal._restore_partial(new_run, _mock(tmp_path / "new" / "mock_000", fingerprint), keep, 0, overrides)
+    assert not (new_run / "muse_scores.jsonl").exists()
+    assert f"fits of another {what}" in capsys.readouterr().out
+
+
+def test_a_finished_run_is_not_kept_as_partial(cal, tmp_path):
+    run = _run(tmp_path / "map_001")
+    (run / "map.json").write_text("{}")
+    cal._save_partial(run, _mock(tmp_path / "mock_001", "abc"), tmp_path / "keep", 1, OVERRIDES)
+    assert not (tmp_path / "keep" / "partial_001").exists()
