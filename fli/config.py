@@ -103,7 +103,7 @@ class SimulationConfig:
                "a finite number >= 0 (0.25 corrects the one-particle-per-cell force; 0 turns it off)",
                self.force_correction)
         _check(self.assignment in ("cic", "tsc"), "simulation.assignment",
-               "'cic' or 'tsc' (tsc: gradients continuous in the field, docs/map.md)", self.assignment)
+               "'cic' or 'tsc' (tsc: gradients continuous in the field, docs/muse.md)", self.assignment)
         _check(self.forward in ("pm", "linear"), "simulation.forward", "'pm' or 'linear'", self.forward)
 
 
@@ -246,7 +246,7 @@ class MuseConfig:
     iterations: int = 8  # Newton iterations at most (may be raised to continue a run)
     tol: float = 0.05  # stop when every parameter's Newton step is below tol MUSE sds
     # H's central-difference step in the standardised parameters: the PM fits' end points jitter
-    # (kinks in U), and H's noise from that falls as 1/fd_step; truncation 0.7 % at 0.2 (docs/map.md)
+    # (kinks in U), and H's noise from that falls as 1/fd_step; truncation 0.7 % at 0.2 (docs/muse.md)
     fd_step: float = 0.2
     map_steps: int = 1000  # optimiser steps per field MAP at most
     # optimiser steps per refit of H's finite differences at most (each starts from its

@@ -216,7 +216,7 @@ class ScoreStore:
 
 def kinked(fwd) -> bool:
     """Whether the forward's potential has kinks in the field: the PM forward with CIC mass
-    assignment, whose derivative jumps where a particle crosses a grid point (docs/map.md, "Why
+    assignment, whose derivative jumps where a particle crosses a grid point (docs/muse.md, "Why
     the PM fits stall"). Field fits stall on them whatever their budget; TSC's is smooth."""
     return fwd.kind == "pm" and fwd.grid.assignment == "cic"
 
@@ -412,10 +412,10 @@ class Muse:
 
     def _remedy(self, key: str) -> str:
         """What would let the fits converge: CIC's kinks of U stall them on the PM forward
-        whatever the budget (docs/map.md), TSC's smooth U does not."""
+        whatever the budget (docs/muse.md), TSC's smooth U does not."""
         if kinked(self.post.fwd):
             return (f"with CIC on the PM forward no {key} brings them to gtol, since U has kinks: "
-                    "simulation.assignment=tsc makes U smooth so that they converge, docs/map.md")
+                    "simulation.assignment=tsc makes U smooth so that they converge, docs/muse.md")
         return f"raise {key} for a sharper one"
 
     def _progress(self, what: str, total: int, h: bool = False):
