@@ -4,6 +4,7 @@ one of several drivers (scripts/muse_calibration.py, scripts/model_error.py)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,17 +18,33 @@ def run_logged(cmd: list[str], log: Path, core: int = 0, ok: tuple[int, ...] = (
     """``python -m cmd...`` under ``nice -n 19``, pinned to ``core`` and single-threaded, its
     output appended to ``log``; its exit status. Any status outside ``ok`` stops the driver in one
     line naming the log. ``every=(seconds, f)`` calls ``f`` that often while the command runs, and
-    once when it ends (a study saving its progress somewhere that outlives the machine)."""
+    once when it ends (a study saving its progress somewhere that outlives the machine). A driver
+    stopped by SIGTERM or Ctrl-C stops the command first: an orphan left running would share its
+    run directory with the command of the next driver to claim the mock."""
     env = dict(os.environ, XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     full = ["nice", "-n", "19", "taskset", "-c", str(core), sys.executable, "-m", *cmd]
+
+    def stop(signum, _frame):
+        raise SystemExit(f"stopped by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
     with open(log, "a") as f:
         proc = subprocess.Popen(full, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-        while True:
-            try:
-                rc = proc.wait(timeout=every[0] if every else None)
-                break
-            except subprocess.TimeoutExpired:
-                every[1]()
+        try:
+            while True:
+                try:
+                    rc = proc.wait(timeout=every[0] if every else None)
+                    break
+                except subprocess.TimeoutExpired:
+                    every[1]()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            if proc.poll() is None:  # the driver is stopping: so does its command (nice and taskset exec it)
+                proc.terminate()
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
     if every:
         every[1]()
     if rc not in ok:

@@ -1,12 +1,21 @@
-"""scripts/muse_calibration.py's partial records: an analysis cut short on one machine resumes on
-another from the fits' scores kept in the committed folder, and only on the same mock and
-overrides. (The end-to-end resume, fli-map reading the restored scores, is tested by
-tests/infer/test_muse.py's resume tests; this checks what the driver carries across.)"""
+"""The long studies' drivers (scripts/study.py, scripts/muse_calibration.py).
+
+* Partial records: an analysis cut short on one machine resumes on another from the fits' scores
+  kept in the committed folder, and only on the same mock and overrides. (The end-to-end resume,
+  fli-map reading the restored scores, is tested by tests/infer/test_muse.py's resume tests;
+  this checks what the driver carries across.)
+* A driver stopped by a signal stops the command it runs, so that no orphan shares a run
+  directory with the next driver's command."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +74,32 @@ def test_a_finished_run_is_not_kept_as_partial(cal, tmp_path):
     (run / "map.json").write_text("{}")
     cal._save_partial(run, _mock(tmp_path / "mock_001", "abc"), tmp_path / "keep", 1, OVERRIDES)
     assert not (tmp_path / "keep" / "partial_001").exists()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process table from /proc")
+def test_a_stopped_driver_stops_its_command(tmp_path):
+    driver = (f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from pathlib import Path; "
+              f"from study import run_logged; "
+              f"run_logged(['timeit', '-n', '1', 'import time; time.sleep(120)'], Path({str(tmp_path / 'log')!r}))")
+    proc = subprocess.Popen([sys.executable, "-c", driver])
+    t0 = time.monotonic()
+    while not (kids := _children(proc.pid)) and time.monotonic() - t0 < 30:
+        time.sleep(0.1)
+    assert kids, "the driver never started its command"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) != 0
+    for pid in kids:  # reaped by the driver, so gone from the table (not a zombie)
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
