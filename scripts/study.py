@@ -45,8 +45,8 @@ def run_logged(cmd: list[str], log: Path, core: int = 0, ok: tuple[int, ...] = (
                     proc.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-    if every:
-        every[1]()
+            if every:  # also when stopped: the fits finished since the last copy are kept
+                every[1]()
     if rc not in ok:
         raise SystemExit(f"{' '.join(cmd[:1])} failed with status {rc}; see {log}")
     return rc

@@ -5,7 +5,7 @@
   fli-map reading the restored scores, is tested by tests/infer/test_muse.py's resume tests;
   this checks what the driver carries across.)
 * A driver stopped by a signal stops the command it runs, so that no orphan shares a run
-  directory with the next driver's command."""
+  directory with the next driver's command, and saves its progress on the way out."""
 
 from __future__ import annotations
 
@@ -92,7 +92,8 @@ def _children(pid: int) -> list[int]:
 def test_a_stopped_driver_stops_its_command(tmp_path):
     driver = (f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from pathlib import Path; "
               f"from study import run_logged; "
-              f"run_logged(['timeit', '-n', '1', 'import time; time.sleep(120)'], Path({str(tmp_path / 'log')!r}))")
+              f"run_logged(['timeit', '-n', '1', 'import time; time.sleep(120)'], Path({str(tmp_path / 'log')!r}), "
+              f"every=(100.0, lambda: Path({str(tmp_path / 'saved')!r}).write_text('x')))")
     proc = subprocess.Popen([sys.executable, "-c", driver])
     t0 = time.monotonic()
     while not (kids := _children(proc.pid)) and time.monotonic() - t0 < 30:
@@ -103,3 +104,4 @@ def test_a_stopped_driver_stops_its_command(tmp_path):
     for pid in kids:  # reaped by the driver, so gone from the table (not a zombie)
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+    assert (tmp_path / "saved").exists()  # progress saved on the way out, before its 100 s period came round
