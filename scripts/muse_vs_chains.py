@@ -86,13 +86,58 @@ def compare(muse_map: dict, diag: dict) -> dict:
     return out
 
 
+def figure(muse_map: dict, draws_nc: Path, overrides: list[str], path: Path) -> Path:
+    """The chains' marginals beside MUSE's Gaussian drawn in the latents and pushed through the
+    prior (as fli-map's values are), the prior's own draws and the truth."""
+    import arviz as az  # noqa: PLC0415
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from muse_calibration import _physical, _prior  # noqa: PLC0415
+
+    _, prior = _prior(overrides)
+    rng = np.random.default_rng(0)
+    m = muse_map["muse"]
+    muse = _physical(prior, rng.multivariate_normal(np.asarray(m["theta_z"]), np.asarray(m["cov_z"]), 100_000))
+    pri = _physical(prior, rng.standard_normal((100_000, prior.n)))
+    post = az.from_netcdf(str(draws_nc)).posterior
+    truth = muse_map.get("truth") or {}
+    fig, axes = plt.subplots(1, len(PARAMS), figsize=(4.2 * len(PARAMS), 3.4))
+    for ax, k in zip(axes, PARAMS, strict=True):
+        x = np.asarray(post[k].values).ravel()
+        bins = np.linspace(min(pri[k].min(), x.min()), max(pri[k].max(), x.max()), 50)
+        ax.hist(pri[k], bins, density=True, color="0.85", label="prior")
+        ax.hist(x, bins, density=True, histtype="step", lw=2, color="C0",
+                label=f"chains {x.mean():.3f} ± {x.std():.3f}")
+        ax.hist(muse[k], bins, density=True, histtype="step", lw=2, color="C1",
+                label=f"MUSE {m['params'][k]:.3f} ± {m['sd'][k]:.3f}")
+        if k in truth:
+            ax.axvline(truth[k], color="k", ls="--", lw=1, label="truth")
+        ax.set_xlabel(k)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("density")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--muse", type=Path, required=True, help="fli-map's map.json of a MUSE run")
     ap.add_argument("--chains", type=Path, required=True, help="fli-diagnose's diagnostics.json of chains on that mock")
     ap.add_argument("--note", default="", help="what the mock and runs were, kept in the JSON")
     ap.add_argument("--json", type=Path, help="write the comparison here too")
+    ap.add_argument("--draws", type=Path, help="fli-diagnose's chains.nc, for --figure")
+    ap.add_argument("--figure", type=Path, help="draw the marginals here (needs --draws)")
+    ap.add_argument("overrides", nargs="*", help="config overrides of the runs (after --), for the prior of --figure")
     a = ap.parse_args(argv)
+    if a.figure is not None and a.draws is None:
+        ap.error("--figure needs --draws (fli-diagnose's chains.nc)")
     res = {"note": a.note, "muse_source": str(a.muse), "chains_source": str(a.chains),
            **compare(_load(a.muse, "muse"), _load(a.chains, "chains"))}
     text = json.dumps(res, indent=1)
@@ -101,6 +146,8 @@ def main(argv=None) -> int:
         tmp = a.json.with_name(f".{a.json.name}.tmp")
         tmp.write_text(text + "\n")
         tmp.rename(a.json)
+    if a.figure is not None:
+        print(f"figure: {figure(_load(a.muse, 'muse'), a.draws, a.overrides, a.figure)}", file=sys.stderr)
     return 0
 
 
