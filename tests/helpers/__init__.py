@@ -2,6 +2,7 @@
 
 - ``physics``: the device layouts every sharded test runs on, pyccl twins of fli cosmologies;
 - ``posterior``: the small posterior (``SMALL``) and the short fli-nuts chain (``CHAIN``);
+- ``scripts``: a script of scripts/ imported as a module (``load_script``);
 - ``processes``: the repository root, free ports, launching N worker processes, the small PM
   forward that both sides of the multi-process comparison run;
 - workers started as scripts or modules in their own processes: ``mp_forward_worker``,

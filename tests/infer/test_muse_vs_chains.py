@@ -3,21 +3,16 @@ fli-map and fli-diagnose write. The expected numbers are worked by hand from the
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("muse_vs_chains", ROOT / "scripts" / "muse_vs_chains.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("muse_vs_chains")
 
 
 def _inputs(s8_value: float, s8_sd: float):

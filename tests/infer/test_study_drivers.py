@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -20,16 +19,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.scripts import SCRIPTS, load_script
+
 OVERRIDES = ["experiment=tiny", "survey.sigma_e=0.05"]
 
 
 @pytest.fixture(scope="module")
 def cal():
-    spec = importlib.util.spec_from_file_location("muse_calibration", ROOT / "scripts" / "muse_calibration.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("muse_calibration")
 
 
 def _mock(path: Path, fingerprint: str) -> Path:
@@ -90,7 +87,7 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process table from /proc")
 def test_a_stopped_driver_stops_its_command(tmp_path):
-    driver = (f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from pathlib import Path; "
+    driver = (f"import sys; sys.path.insert(0, {str(SCRIPTS)!r}); from pathlib import Path; "
               f"from study import run_logged; "
               f"run_logged(['timeit', '-n', '1', 'import time; time.sleep(120)'], Path({str(tmp_path / 'log')!r}), "
               f"every=(100.0, lambda: Path({str(tmp_path / 'saved')!r}).write_text('x')))")
