@@ -125,9 +125,9 @@ def _restore_partial(run: Path, mock: Path, keep: Path | None, i: int, overrides
 
 
 def analyse(out: Path, mocks: int, overrides: list[str], core: int = 0, keep: Path | None = None,
-            save_every: float = SAVE_EVERY) -> None:
+            save_every: float = SAVE_EVERY, first: int = 0) -> None:
     _, prior = _prior(overrides)
-    for i in range(mocks):
+    for i in range(first, mocks):
         mock, run = out / f"mock_{i:03d}", out / f"map_{i:03d}"
         if (run / "map.json").exists():
             _keep(run, keep, i)  # finished before --keep was given
@@ -245,7 +245,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="study directory (mocks and analyses; resumable)")
     ap.add_argument("--mocks", type=int, default=50)
-    ap.add_argument("--core", type=int, default=0, help="the core the commands are pinned to (default 0)")
+    ap.add_argument("--first", type=int, default=0, help="the first mock this driver takes (default 0): another "
+                    "machine's share of the same study")
+    ap.add_argument("--core", default="0", help="the core the commands are pinned to (default 0), or a list as taskset "
+                    "takes it (0-12: all of a larger host)")
     ap.add_argument("--json", type=Path, help="write the summary here too")
     ap.add_argument("--report-only", action="store_true", help="summarise the finished analyses; run nothing")
     ap.add_argument("--keep", type=Path, help="copy each finished analysis's map.json here, and count those as done")
@@ -255,7 +258,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.report_only:
-        analyse(a.out, a.mocks, a.overrides, a.core, a.keep, a.save_every)
+        analyse(a.out, a.mocks, a.overrides, a.core, a.keep, a.save_every, a.first)
     res = report(a.out, a.overrides, a.keep)
     emit(res, a.json)
     return 0

@@ -22,6 +22,8 @@ def run_logged(cmd: list[str], log: Path, core: int = 0, ok: tuple[int, ...] = (
     stopped by SIGTERM or Ctrl-C stops the command first: an orphan left running would share its
     run directory with the command of the next driver to claim the mock."""
     env = dict(os.environ, XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    if "STUDY_JAX_PLATFORMS" in env:  # a driver kept off an accelerator (one process can hold a TPU) lends it here
+        env["JAX_PLATFORMS"] = env.pop("STUDY_JAX_PLATFORMS")
     full = ["nice", "-n", "19", "taskset", "-c", str(core), sys.executable, "-m", *cmd]
 
     def stop(signum, _frame):

@@ -102,3 +102,20 @@ def test_a_stopped_driver_stops_its_command(tmp_path):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert (tmp_path / "saved").exists()  # progress saved on the way out, before its 100 s period came round
+
+
+def test_a_driver_off_the_accelerator_lends_it_to_its_commands(tmp_path, monkeypatch):
+    """On a TPU host one process at a time can hold the chip: the driver runs with
+    JAX_PLATFORMS=cpu and its commands get STUDY_JAX_PLATFORMS; ``core`` may be a taskset list."""
+    study = load_script("study")
+    (tmp_path / "envprobe.py").write_text("import os, sys\nprint(os.environ.get('JAX_PLATFORMS'), "
+                                          "sorted(os.sched_getaffinity(0)), 'STUDY_JAX_PLATFORMS' in os.environ)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv("STUDY_JAX_PLATFORMS", "tpu,cpu")
+    cores = sorted(os.sched_getaffinity(0))
+    study.run_logged(["envprobe"], tmp_path / "log", core=f"{cores[0]}-{cores[-1]}")
+    monkeypatch.delenv("STUDY_JAX_PLATFORMS")
+    study.run_logged(["envprobe"], tmp_path / "log", core=cores[0])
+    lines = (tmp_path / "log").read_text().splitlines()
+    assert lines == [f"tpu,cpu {list(range(cores[0], cores[-1] + 1))} False", f"cpu {[cores[0]]} False"]
