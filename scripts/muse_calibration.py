@@ -233,12 +233,49 @@ def report(out: Path, overrides: list[str], keep: Path | None = None) -> dict:
         p["passes"] = bool(abs(p["muse_pull_mean"]) < res["criterion"]["mean_within"]
                            and abs(p["muse_pull_sd"] - 1) < res["criterion"]["sd_within"])
         res["params"][name] = p
+        jpull = [(r["params"][name] - r["truth"][name]) / s if s else None for r, s in zip(rows, lap, strict=True)]
+        res.setdefault("per_mock", {str(i): {} for i in index})
+        for i, mp, jp in zip(index, muse, jpull, strict=True):
+            res["per_mock"][str(i)][name] = {"muse_pull": float(mp), "joint_pull": jp}
     res["not_converged"] = sum(not r["muse"]["converged"] for r in rows)
     res["not_converged_mocks"] = [i for i, r in zip(index, rows, strict=True) if not r["muse"]["converged"]]
     res["mock_indices"] = index
     res["muse_grad_evals_mean"] = float(np.mean([r["muse"]["grad_evals"] for r in rows]))
     res["muse_seconds_mean"] = float(np.mean([r["muse"]["seconds"] for r in rows]))
     return res
+
+
+def figure(res: dict, path: Path) -> Path:
+    """Each mock's pull of MUSE and of the joint MAP, per parameter, against N(0, 1)'s 1 and 2 sd
+    bands (a symmetric-log axis: the joint MAP's pulls reach 10-20)."""
+    from fli.plots import pyplot, save_figure  # noqa: PLC0415
+
+    plt = pyplot()
+    mocks = sorted(res["per_mock"], key=int)
+    fig, axes = plt.subplots(1, len(PARAMS), figsize=(4.2 * len(PARAMS), 3.4), sharey=True)
+    for ax, name in zip(axes, PARAMS, strict=True):
+        x = np.array([int(i) for i in mocks])
+        for k, sty in ((2, "0.93"), (1, "0.82")):
+            ax.axhspan(-k, k, color=sty, zorder=0)
+        ax.axhline(0, color="0.5", lw=0.8)
+        muse = [res["per_mock"][i][name]["muse_pull"] for i in mocks]
+        p = res["params"][name]
+        ax.plot(x, muse, "o", color="C1", label=f"MUSE: mean {p['muse_pull_mean']:+.2f}, sd {p['muse_pull_sd']:.2f}")
+        joint = [(int(i), res["per_mock"][i][name]["joint_pull"]) for i in mocks
+                 if res["per_mock"][i][name]["joint_pull"] is not None]
+        if joint:
+            ax.plot(*zip(*joint, strict=True), "x", color="C3",
+                    label=f"joint MAP: mean {p['joint_pull_mean']:+.1f}, sd {p['joint_pull_sd']:.1f}")
+        ax.set_yscale("symlog", linthresh=3)
+        ax.set_yticks(ticks := [-20, -10, -3, -2, -1, 0, 1, 2, 3, 10, 20], [str(t) for t in ticks])
+        ax.set_ylim(-25, 25)
+        ax.set_xticks(x)
+        ax.set_xlabel("mock")
+        ax.set_title(name)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    axes[0].set_ylabel("(estimate - truth) / its sd")
+    fig.suptitle(f"{res['mocks']} mocks: " + " ".join(res["overrides"]), fontsize=8)
+    return save_figure(fig, path)
 
 
 def main(argv=None) -> int:
@@ -250,6 +287,7 @@ def main(argv=None) -> int:
     ap.add_argument("--core", default="0", help="the core the commands are pinned to (default 0), or a list as taskset "
                     "takes it (0-12: all of a larger host)")
     ap.add_argument("--json", type=Path, help="write the summary here too")
+    ap.add_argument("--figure", type=Path, help="draw each mock's pulls here (png)")
     ap.add_argument("--report-only", action="store_true", help="summarise the finished analyses; run nothing")
     ap.add_argument("--keep", type=Path, help="copy each finished analysis's map.json here, and count those as done")
     ap.add_argument("--save-every", type=float, default=SAVE_EVERY, help="seconds between copies of a running "
@@ -261,6 +299,8 @@ def main(argv=None) -> int:
         analyse(a.out, a.mocks, a.overrides, a.core, a.keep, a.save_every, a.first)
     res = report(a.out, a.overrides, a.keep)
     emit(res, a.json)
+    if a.figure:
+        figure(res, a.figure)
     return 0
 
 

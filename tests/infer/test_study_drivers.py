@@ -119,3 +119,25 @@ def test_a_driver_off_the_accelerator_lends_it_to_its_commands(tmp_path, monkeyp
     study.run_logged(["envprobe"], tmp_path / "log", core=cores[0])
     lines = (tmp_path / "log").read_text().splitlines()
     assert lines == [f"tpu,cpu {list(range(cores[0], cores[-1] + 1))} False", f"cpu {[cores[0]]} False"]
+
+
+def test_calibration_report_lists_each_mocks_pulls_and_draws_them(cal, tmp_path):
+    """The per-mock pulls behind the summary: their mean and sd are the summary's, and the joint
+    MAP's are read straight off each map.json (estimate, truth, marginal Laplace sd)."""
+    bench = Path(__file__).resolve().parents[2] / "docs" / "bench" / "muse_calibration_pm_tsc"
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    for i in (0, 1):
+        (keep / f"map_{i:03d}.json").write_bytes((bench / f"map_{i:03d}.json").read_bytes())
+    overrides = [*OVERRIDES, "simulation.assignment=tsc", "inference.map.muse.n_sims=16"]
+    res = cal.report(tmp_path / "study", overrides, keep)
+    for name in cal.PARAMS:
+        pulls = [res["per_mock"][i][name]["muse_pull"] for i in ("0", "1")]
+        assert res["params"][name]["muse_pull_mean"] == pytest.approx(sum(pulls) / 2)
+        assert res["params"][name]["muse_pull_sd"] == pytest.approx(abs(pulls[0] - pulls[1]) / 2 ** 0.5)
+    d = json.loads((keep / "map_001.json").read_text())
+    want = (d["params"]["sigma8"] - d["truth"]["sigma8"]) / d["laplace"]["marginal"]["std"]["sigma8"]
+    assert res["per_mock"]["1"]["sigma8"]["joint_pull"] == pytest.approx(want)
+    assert res["per_mock"]["1"]["S8"]["joint_pull"] is None  # no Laplace sd of S8 in map.json
+    png = cal.figure(res, tmp_path / "pulls.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
