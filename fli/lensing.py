@@ -56,6 +56,7 @@ from fli.cosmology import (
     a_of_chi,
     comoving_distance,
 )
+from fli.host import cpu_float64
 from fli.sharding import FIELD_SPEC, get_logger, mesh_pdims
 from fli.survey import NzBin, as_bin_list, nz_bins_from_config, result_dtype, stack_bins
 
@@ -119,13 +120,13 @@ _a_of_chi_jit = jax.jit(a_of_chi)
 
 def _host_chi_of_z(cosmo: Cosmology, z) -> np.ndarray:
     """chi(z) [Mpc/h] in float64 on the host (``cosmo`` concrete)."""
-    with jax.enable_x64(True):
+    with cpu_float64():
         return np.asarray(_comoving_distance_jit(_host_cosmo(cosmo), 1.0 / (1.0 + np.asarray(z, float))))
 
 
 def _host_a_of_chi(cosmo: Cosmology, chi) -> np.ndarray:
     """a(chi) in float64 on the host (``cosmo`` concrete)."""
-    with jax.enable_x64(True):
+    with cpu_float64():
         return np.asarray(_a_of_chi_jit(_host_cosmo(cosmo), np.asarray(chi, float)))
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from jax.scipy.special import ndtr, ndtri
 
 from fli.config import ConfigError, PriorConfig
+from fli.host import cpu_float64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +88,7 @@ class PriorTransform:
             if self.dists[i] != "normal" and not self.low[i] < theta[i] < self.high[i]:
                 raise ConfigError(f"{name} = {theta[i]:g} lies outside its prior "
                                   f"[{self.low[i]:g}, {self.high[i]:g}] (prior.params.{name})")
-        with jax.enable_x64(True):
+        with cpu_float64():
             return np.asarray([float(self._one_inv(i, jnp.float64(theta[i]))) for i in range(self.n)])
 
     def jacobian(self, z) -> jax.Array:

@@ -36,6 +36,21 @@ def geom():
     return L.LensGeometry.create(COSMO, BOX, SHAPE, N_PLANES, FOV, NPIX, ZMAX)
 
 
+def test_host_numbers_in_float64_on_the_cpu():
+    """The light cone's host-side distances run under fli.host.cpu_float64: float64, on the CPU
+    device (an accelerator's float64 is emulated, slow to compile), x64 off again afterwards."""
+    from fli.host import cpu_float64
+
+    with cpu_float64():
+        x = jnp.arange(3, dtype=jnp.float64) + 1e-12
+    assert x.dtype == jnp.float64 and {d.platform for d in x.devices()} == {"cpu"}
+    assert jnp.ones(1).dtype == jnp.float32
+    chi = L._host_chi_of_z(COSMO, np.array([0.5, 1.0]))
+    assert chi.dtype == np.float64
+    # float64 resolves a 1e-9 change of z in chi; float32 (7 digits) would not
+    assert L._host_chi_of_z(COSMO, np.array([0.5 + 1e-9]))[0] > chi[0]
+
+
 def grid_for(pdims):
     return Grid(SHAPE, BOX, make_mesh(pdims), halo=1)
 
