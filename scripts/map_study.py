@@ -472,7 +472,7 @@ def study_recovery(s: Setup, seeds, steps, out_path):
 def linear_map_vs_cg(s: Setup, seed, steps, tol=1e-9):
     """Field-only MAP of the linear forward at the true theta against the exact posterior
     mean from CG on ``H x = -grad U(0)`` with ``H x = grad U(x) - grad U(0)`` (U quadratic in s)."""
-    from fli.infer.laplace import cg
+    from fli.infer.hvp import cg
     from fli.infer.model import Latents
 
     truth = dict(PLANCK)

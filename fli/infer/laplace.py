@@ -34,15 +34,13 @@ linear maps now, so forward-over-reverse works through both of ``fli.nbody``'s a
 ``"auto"`` (the default) tries the forward one and takes the
 reverse one if JAX refuses forward mode on a ``custom_vjp`` (it does so while lowering).
 
-Entry points: :func:`cg` (pytree CG), :func:`exact_hvp`, :func:`gauss_newton_hvp`,
-:func:`laplace` (-> :class:`LaplaceResult`), :func:`to_physical` (delta method) and
-:func:`hvp_cost_ratio` (measure the cost rule on a model).
+Entry points: :func:`laplace` (-> :class:`LaplaceResult`), :func:`schur_columns` and
+:func:`to_physical` (delta method). The HVPs and CG are :mod:`fli.infer.hvp`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 import warnings
 from collections.abc import Callable
 from functools import partial
@@ -54,190 +52,11 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, PyTree
 
+from fli.infer.hvp import HVP_COST, CGInfo, _cg_step, _dot, _hvp_for, _is_custom_vjp_refusal
 from fli.sharding import process_allgather
 
 HESSIANS = ("auto", "exact", "gauss_newton")
 ADS = ("auto", "forward", "reverse")
-
-# Counting rule: one HVP costs HVP_COST evaluations of ``jax.value_and_grad(U)`` (the textbook
-# figure for forward-over-reverse: a gradient plus its tangent). A rule, not a measurement:
-# the ratio depends on the model's operations (docs/benchmarks.md, "Hessian-vector products",
-# has what :func:`hvp_cost_ratio` measured). Measure on the real model and pass ``hvp_cost=``
-# to :func:`laplace`.
-HVP_COST = 2.0
-
-
-# --------------------------------------------------------------------------- pytree algebra
-
-
-def _dot(a: PyTree, b: PyTree) -> Array:
-    """Real inner product of two pytrees: ``jnp.sum`` per leaf (a local sum and one scalar
-    all-reduce for a sharded leaf), summed over leaves."""
-    return sum(jnp.sum(x * y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
-
-
-def _axpy(alpha: Array, x: PyTree, y: PyTree) -> PyTree:
-    """``alpha * x + y`` leaf by leaf."""
-    return jax.tree.map(lambda xi, yi: (alpha * xi + yi).astype(yi.dtype), x, y)
-
-
-# --------------------------------------------------------------------------- CG
-
-
-class CGInfo(NamedTuple):
-    """What :func:`cg` did (scalars; arrays under ``jit``/``vmap``).
-
-    ``iterations``: CG iterations, one matvec each (int32; a given ``x0`` costs one more);
-    ``relative_residual``: ``|b - A x| / |b|`` from CG's recursively updated residual (0 for
-    ``b = 0``); ``converged``: it reached ``tol``
-    without meeting negative curvature; ``negative_curvature``: a search direction with
-    ``p^T A p <= 0`` (or NaN) was met, i.e. ``A`` is not positive definite; CG stopped there
-    and ``x`` is the last iterate before that step.
-    """
-
-    iterations: Array
-    relative_residual: Array
-    converged: Array
-    negative_curvature: Array
-
-
-def _cg_step(x, r, p, rr, ap, dt):
-    """One CG iteration given ``ap = A p``: ``(x, r, p, |r|^2, negative curvature)``; at
-    negative curvature (``p^T A p <= 0``, or NaN) x stays and ``|r|^2`` is the old one."""
-    pap = _dot(p, ap).astype(dt)
-    neg = ~(pap > 0)  # also catches NaN
-    alpha = jnp.where(neg, 0.0, rr / jnp.where(neg, 1.0, pap)).astype(dt)
-    x = _axpy(alpha, p, x)
-    r_new = _axpy(-alpha, ap, r)
-    rr_new = _dot(r_new, r_new).astype(dt)
-    beta = (rr_new / jnp.where(rr > 0, rr, 1.0)).astype(dt)
-    p = _axpy(beta, p, r_new)
-    return x, r_new, p, jnp.where(neg, rr, rr_new), neg
-
-
-def cg(
-    matvec: Callable[[PyTree], PyTree],
-    b: PyTree,
-    x0: PyTree | None = None,
-    *,
-    tol: float | Array = 1e-6,
-    maxiter: int | Array = 1000,
-) -> tuple[PyTree, CGInfo]:
-    r"""Solve ``A x = b`` for a symmetric positive-definite linear operator on pytrees.
-
-    ``matvec(x)`` returns ``A x`` with the structure, shapes, dtypes and sharding of ``b``
-    (e.g. a field ``[nx, ny, nz]`` sharded ``P('x', 'y')``: every iterate keeps that
-    sharding). Inner products are ``jnp.sum`` over leaves, so the only collectives CG adds
-    are scalar all-reduces (two per iteration). Stops when the relative residual
-    ``|r_k| / |b| <= tol``, after ``maxiter`` iterations, or at negative curvature
-    ``p^T A p <= 0`` (see :class:`CGInfo`). ``x0=None`` starts from 0 and costs no matvec;
-    a given ``x0`` costs one. Jittable (``lax.while_loop``; ``tol`` and ``maxiter`` may be
-    traced), real dtypes only. Hestenes & Stiefel (1952), algorithm as in Nocedal & Wright,
-    *Numerical Optimization*, Alg. 5.2.
-    """
-    leaves = jax.tree.leaves(b)
-    if not leaves:
-        raise ValueError("cg: b has no array leaves")
-    if any(jnp.issubdtype(x.dtype, jnp.complexfloating) for x in leaves):
-        raise ValueError("cg: complex leaves are not supported (real inner products only)")
-    dt = jnp.result_type(*leaves)
-    if x0 is None:
-        x = jax.tree.map(jnp.zeros_like, b)
-        r = b
-    else:
-        x = x0
-        r = jax.tree.map(lambda bi, ai: bi - ai, b, matvec(x0))
-    bb = _dot(b, b).astype(dt)
-    rr = _dot(r, r).astype(dt)
-    thresh = (jnp.asarray(tol, dt) ** 2) * bb
-    maxiter = jnp.asarray(maxiter, jnp.int32)
-
-    def cond(state):
-        _, _, _, rr, k, neg = state
-        return (rr > thresh) & (k < maxiter) & ~neg
-
-    def body(state):
-        x, r, p, rr, k, _ = state
-        x, r, p, rr, neg = _cg_step(x, r, p, rr, matvec(p), dt)
-        return x, r, p, rr, k + 1, neg
-
-    state = (x, r, r, rr, jnp.int32(0), jnp.array(False))
-    x, _, _, rr, k, neg = lax.while_loop(cond, body, state)
-    rel = jnp.sqrt(rr / jnp.where(bb > 0, bb, 1.0))
-    return x, CGInfo(k, rel, (rr <= thresh) & ~neg, neg)
-
-
-# --------------------------------------------------------------------------- HVPs
-
-
-def _is_custom_vjp_refusal(err: Exception) -> bool:
-    return isinstance(err, TypeError) and "custom_vjp" in str(err)
-
-
-def exact_hvp(
-    U: Callable[..., Array],
-    theta_z: Float[Array, " n"],
-    s: PyTree,
-    v_theta: Float[Array, " n"],
-    v_s: PyTree,
-    *,
-    ad: Literal["forward", "reverse"] = "forward",
-) -> tuple[Float[Array, " n"], PyTree]:
-    """``H (v_theta, v_s)`` for the exact Hessian of ``U(theta_z, s)`` (a scalar).
-
-    ``ad="forward"``: ``jax.jvp`` of ``jax.grad`` (forward-over-reverse). ``"reverse"``:
-    ``jax.grad`` of ``<grad U, v>`` (reverse-over-reverse; works through ``custom_vjp``).
-    The field part has the shape and sharding of ``s`` (``P('x', 'y')`` for a field); no
-    Hessian is formed. Costs about :data:`HVP_COST` gradient evaluations.
-    """
-    z, v = (theta_z, s), (v_theta, v_s)
-    grad_u = jax.grad(lambda zz: U(*zz))
-    if ad == "forward":
-        return jax.jvp(grad_u, (z,), (v,))[1]
-    if ad == "reverse":
-        return jax.grad(lambda zz: _dot(grad_u(zz), v))(z)
-    raise ValueError(f"ad must be 'forward' or 'reverse' here, got {ad!r}")
-
-
-def gauss_newton_hvp(
-    residual: Callable[..., PyTree],
-    theta_z: Float[Array, " n"],
-    s: PyTree,
-    v_theta: Float[Array, " n"],
-    v_s: PyTree,
-    *,
-    ad: Literal["forward", "reverse"] = "forward",
-) -> tuple[Float[Array, " n"], PyTree]:
-    r"""``(J^T J + I) (v_theta, v_s)``, ``J = d residual / d(theta_z, s)`` (Gauss-Newton).
-
-    The Gauss-Newton Hessian of ``U = |r|^2/2 + |z|^2/2`` in standard-normal latents:
-    positive definite whatever the point. ``residual(theta_z, s)`` returns the whitened,
-    masked residual (a pytree of maps, e.g. ``[n_bins, npix, npix]`` sharded
-    ``P(None, 'x', 'y')``). ``ad="forward"``: ``J v`` by ``jax.jvp``, then ``J^T`` by
-    ``jax.vjp``. ``"reverse"``: ``J^T`` by ``jax.vjp`` and ``J v`` as the transpose of that
-    linear map (``jax.linear_transpose``), reverse mode only (works through ``custom_vjp``).
-    """
-    z, v = (theta_z, s), (v_theta, v_s)
-    rfun = lambda zz: residual(*zz)
-    if ad == "forward":
-        # One primal pass: linearise, then the tangent map and its transpose.
-        _, jvp_fun = jax.linearize(rfun, z)
-        jv = jvp_fun(v)
-        jtjv = jax.linear_transpose(jvp_fun, z)(jv)[0]
-    elif ad == "reverse":
-        r0, vjp_fun = jax.vjp(rfun, z)
-        jv = jax.linear_transpose(lambda u: vjp_fun(u)[0], r0)(v)[0]
-        jtjv = vjp_fun(jv)[0]
-    else:
-        raise ValueError(f"ad must be 'forward' or 'reverse' here, got {ad!r}")
-    return jax.tree.map(lambda a, b: a + b, jtjv, v)
-
-
-def _hvp_for(kind: str, U, residual, ad: str, args: tuple = ()):
-    f = U if kind == "exact" else residual
-    g = (lambda th, x: f(th, x, *args)) if args else f  # args: traced, never closed-over constants
-    return partial(exact_hvp if kind == "exact" else gauss_newton_hvp, g, ad=ad)
-
 
 # --------------------------------------------------------------------------- Schur columns
 
@@ -300,7 +119,7 @@ def schur_columns(
 def _schur_column(hvp, theta_z, s, e, cg_tol, cg_maxiter):
     """``(H_tt e, H_tt e - H_ts x, CGInfo)`` with ``H_ss x = H_st e``, by one loop whose body
     holds the program's only HVP: phase 0 applies ``H`` to ``(e, 0)``, phase 1 runs CG on
-    ``H_ss`` (:func:`cg`'s iteration, the same stopping rules), phase 2 applies ``H`` to
+    ``H_ss`` (:func:`fli.infer.hvp.cg`'s iteration, the same stopping rules), phase 2 applies ``H`` to
     ``(0, x)``. Three call sites of the HVP compiled the second-order model three times;
     XLA's compile time, which dominates the Laplace step on CPU, fell with them (docs/
     benchmarks.md, "Compiling the Laplace step")."""
@@ -466,7 +285,7 @@ def laplace(
     (:func:`schur_columns`, compiled once for all columns); the ``n x n`` algebra is on the
     host in float64. The field is never gathered and no field Hessian is formed.
     Counting rule: one HVP = ``hvp_cost`` gradient evaluations (default :data:`HVP_COST` = 2;
-    measure a model's own with :func:`hvp_cost_ratio`); ``n`` columns cost
+    measure a model's own with :func:`fli.infer.hvp.hvp_cost_ratio`); ``n`` columns cost
     ``sum_j (2 + cg_iterations_j)`` HVPs.
     Not jittable itself (host decisions); returns a :class:`LaplaceResult`.
     """
@@ -563,38 +382,3 @@ def to_physical(cov_z: Float[Any, "n n"], jac: Float[Any, "n n"] | Float[Any, " 
     if jac.shape != (n, n):
         raise ValueError(f"jac must be [{n}, {n}] or a diagonal [{n}] for cov_z [{n}, {n}], got shape {jac.shape}")
     return _sym(jac @ cov_z @ jac.T)
-
-
-# --------------------------------------------------------------------------- cost rule
-
-
-def hvp_cost_ratio(
-    U: Callable[..., Array],
-    theta_z: Float[Array, " n"],
-    s: PyTree,
-    *,
-    residual: Callable[..., PyTree] | None = None,
-    kind: Literal["exact", "gauss_newton"] = "exact",
-    ad: Literal["forward", "reverse"] = "forward",
-    repeats: int = 5,
-) -> dict[str, float]:
-    """Measure one HVP against one ``jax.value_and_grad(U)`` (both jitted, compiled apart).
-
-    Returns ``{"t_grad": s, "t_hvp": s, "ratio": t_hvp / t_grad}`` (median wall time of
-    ``repeats`` runs after a warm-up). The check behind :data:`HVP_COST` on a given model.
-    """
-    vg = jax.jit(jax.value_and_grad(lambda t, f: U(t, f), argnums=(0, 1)))
-    hv = jax.jit(_hvp_for(kind, U, residual, ad))
-
-    def timed(fn, *args):
-        jax.block_until_ready(fn(*args))
-        ts = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            ts.append(time.perf_counter() - t0)
-        return float(np.median(ts))
-
-    t_grad = timed(vg, theta_z, s)
-    t_hvp = timed(hv, theta_z, s, theta_z, s)
-    return {"t_grad": t_grad, "t_hvp": t_hvp, "ratio": t_hvp / t_grad}

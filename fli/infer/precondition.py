@@ -46,7 +46,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fli.config import Config, ConfigError
-from fli.infer.laplace import _is_custom_vjp_refusal
+from fli.infer.hvp import _is_custom_vjp_refusal
 from fli.infer.layout import FLAT_SPEC
 from fli.infer.model import Data, Latents, Posterior
 from fli.infer.sampler import LatentLayout, sharded_latent
@@ -115,7 +115,7 @@ def residual_flat(post: Posterior):
 
 def jtj_operator(post: Posterior) -> Callable:
     """``(zs [K, size], data, ad) -> (v -> mean_k J_k^T J_k v)``: the Gauss-Newton operator with
-    the forward linearised once at the points ``zs`` (laplace.gauss_newton_hvp's two routes:
+    the forward linearised once at the points ``zs`` (hvp.gauss_newton_hvp's two routes:
     ``ad="forward"``, or ``"reverse"`` only where the forward has a custom_vjp, which JAX's
     forward mode refuses). Traceable; each product is 2 gradient evaluations a point."""
     res = residual_flat(post)

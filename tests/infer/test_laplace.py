@@ -20,15 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fli.infer.laplace import (
-    HVP_COST,
-    cg,
-    exact_hvp,
-    gauss_newton_hvp,
-    laplace,
-    schur_columns,
-    to_physical,
-)
+from fli.infer.hvp import HVP_COST, cg, exact_hvp, gauss_newton_hvp
+from fli.infer.laplace import laplace, schur_columns, to_physical
 from fli.sharding import field_sharding, make_mesh, white_noise
 
 SHAPE = (8, 8, 16)

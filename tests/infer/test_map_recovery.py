@@ -58,7 +58,7 @@ def test_linear_forward_map_is_cg_posterior_mean():
     the same step fli-map compiles) with tol 0 until its budget or a stalled line search; the
     float32 loss resolves the field to ~1e-5 (measured 1.05e-5 at 32x32x64, scripts/map_study.py
     --linear-cg, L-BFGS converged in 110 steps against 63 CG iterations)."""
-    from fli.infer.laplace import cg
+    from fli.infer.hvp import cg
     from fli.infer.model import Latents
     from fli.infer.optimize import MapRun, init_state, make_step, run_map
 

@@ -5,7 +5,7 @@ makes kappa linear in the white noise, so the posterior of s is Gaussian:
 
     U(s) = 0.5 |s|^2 + 0.5 |W (J s - d)|^2,   H = I + J^T W^2 J,   mean = -H^-1 grad U(0).
 
-Conjugate gradients (fli.infer.laplace.cg on exact Hessian-vector products) give the mean and
+Conjugate gradients (fli.infer.hvp.cg on exact Hessian-vector products) give the mean and
 the variance ``v^T H^-1 v`` of chosen Fourier modes ``v`` of s (unit-norm cos and sin waves).
 The chain's sample mean and variance of the same projections must match within Monte Carlo
 error, judged with ArviZ's ESS: |mean - m| < 4 sd / sqrt(ESS) with the ESS of each projection,
@@ -124,7 +124,7 @@ KERNEL_OVERRIDES = {"nuts": ["inference.max_tree_depth=7"], "adjusted_mclmc": ["
 def _calibration(tmp_path, kernel: str = "nuts", precondition: bool = False):
     import zarr
 
-    from fli.infer.laplace import cg
+    from fli.infer.hvp import cg
     from fli.infer.map import prepare
     from fli.infer.model import Latents
     from fli.infer.run_store import complete_chunks, read_chunks
