@@ -37,7 +37,7 @@ def _max_depth_ends(depth, diverging, turning, maxd) -> dict:
 def sampler_health(idata, chains: list) -> dict:
     """Divergences after warm-up, E-BFMI (ArviZ), tree-depth saturation, step size, acceptance
     and MCLMC's energy error, per chain and in all; ``chains``: fli-diagnose's
-    :class:`fli.infer.diagnose.Chain` (its ``config`` and ``run`` are read)."""
+    :class:`fli.infer.diagnose_runs.Chain` (its ``config`` and ``run`` are read)."""
     import arviz as az  # noqa: PLC0415
 
     st = idata.sample_stats

@@ -19,6 +19,7 @@ import yaml
 
 from fli.config import DiagnoseConfig
 from fli.infer import diagnose as dg
+from fli.infer import diagnose_runs as dg_runs
 from fli.infer import diagnose_figures as dg_figures
 from fli.infer.diagnose_convergence import harmonic_mean
 
@@ -88,7 +89,7 @@ def four(tmp_path, config, change=None, n=1000):
 
 
 def verdicts(runs):
-    chains, dropped = dg.load(runs)
+    chains, dropped = dg_runs.load(runs)
     report, idata = dg.diagnose_chains(chains, DiagnoseConfig())
     return {c["check"]: c["verdict"] for c in report["checks"]}, report, idata, dropped
 
@@ -100,7 +101,7 @@ def test_a_chain_keeps_its_warm_up_draws_for_the_warm_up_trace(tmp_path, config)
     from fli.infer.diagnose_figures import warmup_trace
 
     arrays = healthy(n=40, seed=0, warmup=10)
-    chain = dg.read_chain(write_chain(tmp_path / "c", config, arrays, chunk=20))
+    chain = dg_runs.read_chain(write_chain(tmp_path / "c", config, arrays, chunk=20))
     assert chain.n_warmup == 10 and chain.draws["sigma8"].size == 40
     np.testing.assert_array_equal(chain.warmup_draws["sigma8"], arrays[0]["sigma8"][:10])
     np.testing.assert_array_equal(chain.warmup_draws["draw"], np.arange(10))
@@ -419,10 +420,10 @@ def test_bands_are_the_issue_table():
 
 def test_unequal_lengths_use_the_common_length_and_say_so(tmp_path, config):
     runs = [write_chain(tmp_path / f"c{j}", config, healthy(n=n, seed=j), seed=j) for j, n in enumerate((500, 300))]
-    chains, _ = dg.load(runs)
+    chains, _ = dg_runs.load(runs)
     report, idata = dg.diagnose_chains(chains, DiagnoseConfig())
     assert idata.posterior.sizes["draw"] == 300 and report["draws_per_chain"] == 300
-    table = dg.chain_table(chains, 300)
+    table = dg_runs.chain_table(chains, 300)
     assert "truncated to the shortest chain: 300 of its 500" in table[0]["notes"][0] and not table[1]["notes"]
     np.testing.assert_array_equal(idata.posterior["sigma8"].values[0], chains[0].draws["sigma8"][:300])
 
@@ -431,12 +432,12 @@ def test_an_inconsistent_chain_is_dropped_naming_the_key(tmp_path, config):
     runs = four(tmp_path, config)
     other = {**config, "lensing": {**config["lensing"], "n_planes": 2}}
     runs.append(write_chain(tmp_path / "other", other, healthy(seed=9)))
-    chains, dropped = dg.load(runs)
+    chains, dropped = dg_runs.load(runs)
     assert len(chains) == 4 and len(dropped) == 1
     assert dropped[0]["run"].endswith("other") and "lensing.n_planes = 2" in dropped[0]["reason"]
     # a seed, a run directory and draw counts may differ (they do here between c0..c3)
-    assert dg.model_key({**config, "seed": 5, "inference": {**config["inference"], "num_samples": 9}}) == \
-        dg.model_key(config)
+    assert dg_runs.model_key({**config, "seed": 5, "inference": {**config["inference"], "num_samples": 9}}) == \
+        dg_runs.model_key(config)
 
 
 def test_a_chunk_being_written_is_not_read(tmp_path, config):
@@ -444,7 +445,7 @@ def test_a_chunk_being_written_is_not_read(tmp_path, config):
     tmp = run / "chunks" / ".chunk_00002.tmp"
     tmp.mkdir()
     (tmp / "draws.npz").write_bytes(b"half a file")  # no DONE: being written
-    c = dg.read_chain(run)
+    c = dg_runs.read_chain(run)
     assert c.n_post == 190 and c.chunks == [0, 1]
     assert any(".chunk_00002.tmp" in n for n in c.notes)
 
@@ -455,7 +456,7 @@ def test_a_repeated_chain_or_one_of_another_observation_is_dropped(tmp_path, con
     same_seed = write_chain(tmp_path / "same_seed", config, healthy(n=300, seed=3), seed=1)
     copy = tmp_path / "copy"
     shutil.copytree(b, copy)
-    chains, dropped = dg.load([a, b, same_seed, copy, a])
+    chains, dropped = dg_runs.load([a, b, same_seed, copy, a])
     assert [c.run for c in chains] == [a, b]
     why = {Path(d["run"]).name: d["reason"] for d in dropped}
     assert "repeats the chain of" in why["same_seed"] and "same seed (1)" in why["same_seed"]
@@ -464,7 +465,7 @@ def test_a_repeated_chain_or_one_of_another_observation_is_dropped(tmp_path, con
     for run, fp in ((a, "a" * 64), (b, "b" * 64)):
         (run / "fli-run.json").write_text(json.dumps({"command": "fli-nuts",
                                                       "observation": {"path": "x", "fingerprint": fp}}))
-    chains, dropped = dg.load([a, b])
+    chains, dropped = dg_runs.load([a, b])
     assert len(chains) == 1 and "sampled another observation" in dropped[0]["reason"]
     assert "bbbbbbbbbbbbbbbb here, aaaaaaaaaaaaaaaa there" in dropped[0]["reason"]
 
@@ -472,7 +473,7 @@ def test_a_repeated_chain_or_one_of_another_observation_is_dropped(tmp_path, con
 def test_a_chain_still_in_warm_up_is_dropped(tmp_path, config):
     a = write_chain(tmp_path / "a", config, healthy(n=50))
     b = write_chain(tmp_path / "b", config, healthy(n=0, warmup=10), chunk=5)
-    chains, dropped = dg.load([a, b])
+    chains, dropped = dg_runs.load([a, b])
     assert len(chains) == 1 and "still in warm-up (10 of 10" in dropped[0]["reason"]
 
 

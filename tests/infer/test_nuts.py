@@ -138,7 +138,7 @@ def test_vectorised_chains_are_each_the_chain_of_their_own_key(small_mock, chain
     the batched checkpoint is restored."""
     import arviz as az
 
-    from fli.infer.diagnose import find_runs
+    from fli.infer.diagnose_runs import find_runs
 
     run = tmp_path / "two"
     base = [*SMALL, *CHAIN, f"mock={small_mock}", f"run_dir={run}", "inference.chains_per_run=2"]
