@@ -26,8 +26,8 @@ __all__ = ["cpu_float64", "release_freed_memory"]
 def cpu_float64():
     """Float64 enabled, and the CPU as the default device where the process has one
     (``JAX_PLATFORMS`` may leave it out): for small host-side computations on concrete values."""
-    try:
-        cpu = jax.devices("cpu")[0]
+    try:  # this process's own: in a multi-process run jax.devices() lists every process's
+        cpu = jax.local_devices(backend="cpu")[0]
     except RuntimeError:
         cpu = None
     with jax.enable_x64(True), (jax.default_device(cpu) if cpu is not None else contextlib.nullcontext()):
