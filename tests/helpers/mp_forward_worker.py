@@ -19,7 +19,13 @@ import numpy as np  # noqa: E402
 from fli.sharding import process_allgather  # noqa: E402
 from tests.helpers.processes import forward_density  # noqa: E402
 
+from fli.cosmology import planck18  # noqa: E402
+from fli.lensing import _host_chi_of_z  # noqa: E402
+
+# host-side float64 (fli.host.cpu_float64) on every rank: each on its own CPU device
+chi = float(_host_chi_of_z(planck18(), np.array([1.0]))[0])
 rho = process_allgather(forward_density((2, 2)))
 if pid == 0:
     np.save(out, rho)
-print(f"process {pid}: {jax.process_count()} processes, {jax.device_count()} devices, ok", flush=True)
+print(f"process {pid}: {jax.process_count()} processes, {jax.device_count()} devices, chi(z=1) {chi:.6f}, ok",
+      flush=True)

@@ -59,11 +59,14 @@ def launch(argv_for, n=2, timeout=600, cwd=ROOT):
     return outs
 
 
-def run_workers(worker: str, out: Path) -> None:
+def run_workers(worker: str, out: Path) -> list[str]:
     """Run ``tests/helpers/<worker>.py PORT 2 PID OUT`` as 2 processes of 2 CPU devices each
     (jax.distributed over gloo); assert that both exited 0 having seen 2 processes and 4
-    devices. The worker writes its result to ``out`` (process 0)."""
+    devices; their outputs. The worker writes its result to ``out`` (process 0)."""
     port, path = free_port(), str(ROOT / "tests" / "helpers" / f"{worker}.py")
+    texts = []
     for rc, text in launch(lambda i: [sys.executable, path, str(port), "2", str(i), str(out)]):
         assert rc == 0, text[-3000:]
         assert "2 processes, 4 devices" in text
+        texts.append(text)
+    return texts

@@ -8,8 +8,12 @@ from tests.helpers.processes import forward_density, run_workers
 
 @pytest.mark.multiprocess
 def test_two_processes_reproduce_four_devices(tmp_path):
+    """The forward density, and on every rank the host-side float64 distances (each rank on its
+    own CPU device: process 0's is not addressable from process 1)."""
     out = tmp_path / "rho.npy"
-    run_workers("mp_forward_worker", out)
+    texts = run_workers("mp_forward_worker", out)
+    chis = {t.split("chi(z=1) ")[1].split(",")[0] for t in texts}
+    assert len(chis) == 1 and 2000 < float(chis.pop()) < 2500  # Planck18: chi(z=1) ~ 2300 Mpc/h
     ref = np.asarray(forward_density((2, 2)))
     # same program, same layout, gloo vs in-process collectives: float32 rounding only
     np.testing.assert_allclose(np.load(out), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
