@@ -16,11 +16,10 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=
 
 import numpy as np  # noqa: E402
 
-from fli.sharding import process_allgather  # noqa: E402
-from tests.helpers.processes import forward_density  # noqa: E402
-
 from fli.cosmology import planck18  # noqa: E402
 from fli.lensing import _host_chi_of_z  # noqa: E402
+from fli.sharding import process_allgather  # noqa: E402
+from tests.helpers.processes import forward_density  # noqa: E402
 
 # host-side float64 (fli.host.cpu_float64) on every rank: each on its own CPU device
 chi = float(_host_chi_of_z(planck18(), np.array([1.0]))[0])
