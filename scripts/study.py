@@ -26,13 +26,24 @@ def run_logged(cmd: list[str], log: Path, core: int = 0, ok: tuple[int, ...] = (
         env["JAX_PLATFORMS"] = env.pop("STUDY_JAX_PLATFORMS")
     full = ["nice", "-n", "19", "taskset", "-c", str(core), sys.executable, "-m", *cmd]
 
+    proc, pending = None, []
+
     def stop(signum, _frame):
+        if proc is None:  # the command is still starting (fork to exec): stop it once it is there
+            pending.append(signum)
+            return
         raise SystemExit(f"stopped by signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, stop)
     with open(log, "a") as f:
-        proc = subprocess.Popen(full, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
         try:
+            proc = subprocess.Popen(full, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        except BaseException:
+            signal.signal(signal.SIGTERM, previous)
+            raise
+        try:
+            if pending:
+                raise SystemExit(f"stopped by signal {pending[0]}")
             while True:
                 try:
                     rc = proc.wait(timeout=every[0] if every else None)

@@ -141,3 +141,23 @@ def test_calibration_report_lists_each_mocks_pulls_and_draws_them(cal, tmp_path)
     assert res["per_mock"]["1"]["S8"]["joint_pull"] is None  # no Laplace sd of S8 in map.json
     png = cal.figure(res, tmp_path / "pulls.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_driver_stopped_while_its_command_starts_stops_it_too(tmp_path):
+    """SIGTERM landing inside Popen (after the fork, before Popen returns: a window that load
+    widens) used to raise out of Popen and leave the command running unowned. Here the signal
+    is sent from inside Popen itself, deterministically."""
+    kid = tmp_path / "kid"
+    driver = (f"import os, signal, subprocess, sys; sys.path.insert(0, {str(SCRIPTS)!r}); from pathlib import Path\n"
+              f"class Late(subprocess.Popen):\n"
+              f"    def __init__(self, *a, **k):\n"
+              f"        super().__init__(*a, **k)\n"
+              f"        Path({str(kid)!r}).write_text(str(self.pid))\n"
+              f"        os.kill(os.getpid(), signal.SIGTERM)\n"
+              f"subprocess.Popen = Late\n"
+              f"from study import run_logged\n"
+              f"run_logged(['timeit', '-n', '1', 'import time; time.sleep(120)'], Path({str(tmp_path / 'log')!r}))\n")
+    proc = subprocess.run([sys.executable, "-c", driver], timeout=90)
+    assert proc.returncode != 0
+    with pytest.raises(ProcessLookupError):  # terminated and reaped by the driver before it exited
+        os.kill(int(kid.read_text()), 0)
