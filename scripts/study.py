@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_logged(cmd: list[str], log: Path, core: int = 0, ok: tuple[int, ...] = (0,),
+def run_logged(cmd: list[str], log: Path, core: int | str = 0, ok: tuple[int, ...] = (0,),
                every: tuple[float, Callable[[], None]] | None = None) -> int:
     """``python -m cmd...`` under ``nice -n 19``, pinned to ``core`` and single-threaded, its
     output appended to ``log``; its exit status. Any status outside ``ok`` stops the driver in one
