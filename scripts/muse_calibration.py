@@ -217,7 +217,8 @@ def report(out: Path, overrides: list[str], keep: Path | None = None) -> dict:
                          for r, ph in zip(rows, phys, strict=True)])
         quant = np.array([ph[name]["quantile_pull"] for ph in phys])
         lap = [((r.get("laplace") or {}).get("marginal") or {}).get("std", {}).get(name) for r in rows]
-        joint = np.array([(r["params"][name] - r["truth"][name]) / s for r, s in zip(rows, lap, strict=True) if s])
+        jpull = [(r["params"][name] - r["truth"][name]) / s if s else None for r, s in zip(rows, lap, strict=True)]
+        joint = np.array([j for j in jpull if j is not None])
         ratio = float(np.mean([ph[name]["sd"] for ph in phys])) / _prior_sd(prior, name)
         p = {"muse_pull_mean": float(muse.mean()), "muse_pull_sd": float(muse.std(ddof=1)),
              "muse_quantile_pull_mean": float(quant.mean()), "muse_quantile_pull_sd": float(quant.std(ddof=1)),
@@ -233,7 +234,6 @@ def report(out: Path, overrides: list[str], keep: Path | None = None) -> dict:
         p["passes"] = bool(abs(p["muse_pull_mean"]) < res["criterion"]["mean_within"]
                            and abs(p["muse_pull_sd"] - 1) < res["criterion"]["sd_within"])
         res["params"][name] = p
-        jpull = [(r["params"][name] - r["truth"][name]) / s if s else None for r, s in zip(rows, lap, strict=True)]
         res.setdefault("per_mock", {str(i): {} for i in index})
         for i, mp, jp in zip(index, muse, jpull, strict=True):
             res["per_mock"][str(i)][name] = {"muse_pull": float(mp), "joint_pull": jp}
