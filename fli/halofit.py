@@ -27,7 +27,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fli.cosmology import Cosmology, _cast, _E2_dlnE, _rho_de, linear_power
+from fli.cosmology import Cosmology, _cast, _E2_dlnE, _rho_de
+from fli.linear_power import linear_power
 
 _LNK = (math.log(1e-4), math.log(1e3), 2048)  # the sigma^2(R) quadrature grid [h/Mpc]
 _LNR = (math.log(1e-3), math.log(1e2))  # the bracket of the nonlinear scale R = 1/k_sigma [Mpc/h]

@@ -20,10 +20,10 @@ from fli.cosmology import (
     Cosmology,
     a_of_chi,
     comoving_distance,
-    linear_power,
 )
 from fli.halofit import halofit_power_grid
 from fli.lensing import LensGeometry, born_weights, lensing_kernel
+from fli.linear_power import linear_power
 from fli.survey import NzBin, as_bin_list, result_dtype, stack_bins
 
 # ============================================================================ theory

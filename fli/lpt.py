@@ -26,6 +26,7 @@ from fli import cosmology as cosmo_mod
 from fli.cosmology import Cosmology
 from fli.fft import gradient_kernel, inv_laplace_kernel, kgrid_norm
 from fli.grid import Grid
+from fli.linear_power import linear_power
 
 
 def linear_modes(cosmo: Cosmology, noise: Array, grid: Grid) -> Array:
@@ -41,7 +42,7 @@ def linear_modes(cosmo: Cosmology, noise: Array, grid: Grid) -> Array:
     """
     plan = grid.fft
     k = kgrid_norm(plan, grid.box, dtype=grid.dtype)
-    pk = cosmo_mod.linear_power(cosmo, k, 1.0)
+    pk = linear_power(cosmo, k, 1.0)
     pos = k > 0  # double where: sqrt'(0) is infinite, so keep k = 0 out of the sqrt entirely
     amp = jnp.where(pos, jnp.sqrt(jnp.where(pos, pk, 1.0) / grid.cell_volume), 0.0)
     amp = amp * plan.valid(dtype=grid.dtype)

@@ -135,10 +135,11 @@ def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
     draws and writes. Returns the figure paths.
     """
     from fli import plots  # noqa: PLC0415
-    from fli.cosmology import a_of_chi, linear_power  # noqa: PLC0415
+    from fli.cosmology import a_of_chi  # noqa: PLC0415
     from fli.halofit import halofit_power, halofit_power_grid  # noqa: PLC0415
     from fli.lensing import born_weights  # noqa: PLC0415
     from fli.limber import limber_cl_planes, map_power_spectrum  # noqa: PLC0415
+    from fli.linear_power import linear_power  # noqa: PLC0415
     from fli.lpt import linear_field  # noqa: PLC0415
     from fli.particle_planes import shot_noise_cl  # noqa: PLC0415
     from fli.power import power_spectrum  # noqa: PLC0415

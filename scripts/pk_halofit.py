@@ -36,9 +36,10 @@ def main(argv=None) -> int:
     import pyccl  # noqa: PLC0415
 
     from fli import plots  # noqa: PLC0415,F401  (sets the Agg backend)
-    from fli.cosmology import linear_power, planck18  # noqa: PLC0415
+    from fli.cosmology import planck18  # noqa: PLC0415
     from fli.fft import cic_compensation  # noqa: PLC0415
     from fli.grid import Grid  # noqa: PLC0415
+    from fli.linear_power import linear_power  # noqa: PLC0415
     from fli.nbody import density, simulate  # noqa: PLC0415
     from fli.power import power_spectrum  # noqa: PLC0415
     from fli.sharding import make_mesh, white_noise  # noqa: PLC0415

@@ -19,6 +19,7 @@ import pytest
 from scipy.integrate import solve_ivp
 
 from fli import cosmology as fc
+from fli import linear_power as flp
 from tests.helpers.physics import ccl_cosmology
 
 pyccl = pytest.importorskip("pyccl")
@@ -57,8 +58,8 @@ def chi_roundtrip(c, chi, a):
     return a_chi, fc.comoving_distance(c, a_chi), fc.a_of_chi(c, fc.comoving_distance(c, a))
 
 
-linear_power = jax.jit(fc.linear_power)
-sigma_R = jax.jit(fc.sigma_R)
+linear_power = jax.jit(flp.linear_power)
+sigma_R = jax.jit(flp.sigma_R)
 
 
 @pytest.fixture(autouse=True)
@@ -269,7 +270,7 @@ def grad_targets(c, k):
     """D1(0.5), P(k, 0.5), chi(0.5) and a(chi = 3000 Mpc/h), stacked into one vector."""
     t = fc.growth_table(c)  # one ODE solve (smaller program to compile and differentiate)
     return jnp.concatenate([fc.growth_factor(c, 0.5, table=t)[None],
-                            fc.linear_power(c, k, 0.5, table=t),
+                            flp.linear_power(c, k, 0.5, table=t),
                             fc.comoving_distance(c, 0.5, table=t)[None],
                             fc.a_of_chi(c, 3000.0, table=t)[None]])
 
