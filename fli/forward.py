@@ -46,7 +46,8 @@ from jax.sharding import PartitionSpec as P
 from fli.config import Config, ConfigError
 from fli.cosmology import Cosmology, growth_factor
 from fli.grid import Grid
-from fli.lensing import KAPPA_SPEC, LensGeometry, _host_a_of_chi, _host_chi_of_z, born_convergence, plane_hook
+from fli.lensing import KAPPA_SPEC, born_convergence, plane_hook
+from fli.light_cone import LensGeometry, _host_a_of_chi, _host_chi_of_z
 from fli.lpt import linear_field
 from fli.nbody import density, simulate
 from fli.particle_planes import PLANES, check_particle_geometry, particle_plane_hook, pixel_born_convergence

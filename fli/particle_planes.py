@@ -12,7 +12,7 @@ the end of the PM step that reaches its crossing time, as the mesh plane is. Par
 comoving position ``(x, y, z)`` (the observer at ``(Lx/2, Ly/2, 0)``) is seen at the angle
 ``theta = ((x, y) - (Lx, Ly)/2) / r_i`` (flat sky, the slab projected onto its centre, as the
 Born weights ``q_b(r_i)`` assume) and deposited by 2D cloud-in-cell onto the pixels (pixel
-centres at :attr:`~fli.lensing.LensGeometry.theta`). Its mass is the volume of a cell ``V``
+centres at :attr:`~fli.light_cone.LensGeometry.theta`). Its mass is the volume of a cell ``V``
 times the fraction ``w_z`` of its cell-wide extent ``[z - dz/2, z + dz/2]`` that lies inside
 the slab, so a particle moves continuously between neighbouring slabs and the total weight
 is conserved. With ``simulation.assignment = tsc`` (the grid's) the particle is a TSC cloud
@@ -65,7 +65,8 @@ from jax.sharding import PartitionSpec as P
 from fli.assignment import tsc_weights
 from fli.cosmology import Cosmology
 from fli.halo import pad_local
-from fli.lensing import KAPPA_SPEC, LensGeometry, _born_weights_jit, _check_grid
+from fli.lensing import KAPPA_SPEC, _born_weights_jit
+from fli.light_cone import LensGeometry, _check_grid
 from fli.pgd import PGDParams, pgd_shift
 from fli.sharding import FIELD_SPEC, mesh_pdims
 from fli.survey import NzBin, as_bin_list

@@ -17,7 +17,7 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=
 import numpy as np  # noqa: E402
 
 from fli.cosmology import planck18  # noqa: E402
-from fli.lensing import _host_chi_of_z  # noqa: E402
+from fli.light_cone import _host_chi_of_z  # noqa: E402
 from fli.sharding import process_allgather  # noqa: E402
 from tests.helpers.processes import forward_density  # noqa: E402
 
