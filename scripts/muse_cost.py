@@ -55,13 +55,14 @@ def main(argv=None) -> int:
     import jax.numpy as jnp  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
-    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.cli.common import _setup_process, compose  # noqa: PLC0415
     from fli.infer.model import Latents, build_posterior, make_data  # noqa: PLC0415
     from fli.infer.muse import FieldSolver, make_simulator  # noqa: PLC0415
     from fli.sharding import make_mesh  # noqa: PLC0415
     from fli.survey import noise_sigma  # noqa: PLC0415
 
     cfg, _ = compose(a.overrides)
+    _setup_process(cfg)  # the commands' compilation cache: a second machine given it skips the compiles
     mc = cfg.inference.map.muse
     post = build_posterior(cfg, mesh=make_mesh(cfg.distributed.pdims))
     g = post.fwd.grid
