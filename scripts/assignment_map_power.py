@@ -24,7 +24,7 @@ from study import emit  # noqa: E402
 def ratio(experiment: str, n_bins_ell: int) -> dict:
     import jax  # noqa: PLC0415
 
-    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.forward import build_forward, fiducial_cosmology  # noqa: PLC0415
     from fli.limber import map_power_spectrum  # noqa: PLC0415
     from fli.sharding import white_noise  # noqa: PLC0415

@@ -48,7 +48,7 @@ def nuts_stats(runs: list[str]) -> dict:
 def timing(mock: str, overrides: list[str], chains: list[int], draws: int, steps: int, rounds: int) -> dict:
     import jax  # noqa: PLC0415
 
-    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.infer.chunk import make_chunk, zero_accum  # noqa: PLC0415
     from fli.infer.map import prepare  # noqa: PLC0415
     from fli.infer.sample import kernel_of  # noqa: PLC0415

@@ -109,7 +109,7 @@ def worker(job: dict) -> dict:
     import numpy as np  # noqa: PLC0415
     from jax.sharding import NamedSharding  # noqa: PLC0415
 
-    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.forward import fiducial_cosmology  # noqa: PLC0415
     from fli.host import release_freed_memory  # noqa: PLC0415
     from fli.infer.model import Latents, build_posterior, make_data  # noqa: PLC0415

@@ -67,7 +67,7 @@ def memory_one(overrides: list[str], pdims: tuple[int, int], sampler: str, depth
     import jax.numpy as jnp  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
-    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.infer.kernels import make_kernel  # noqa: PLC0415
     from fli.infer.model import build_posterior, make_data  # noqa: PLC0415
     from fli.sharding import make_mesh  # noqa: PLC0415
@@ -146,7 +146,7 @@ def overhead(args) -> dict:
     import jax  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
-    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.infer.map import prepare  # noqa: PLC0415
     from fli.infer.sample import kernel_of  # noqa: PLC0415
     from fli.infer.start import chain_keys, initial_point  # noqa: PLC0415

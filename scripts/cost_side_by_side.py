@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
-    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.infer.model import Latents, build_posterior, make_data  # noqa: PLC0415
     from fli.sharding import make_mesh, white_noise  # noqa: PLC0415
     from fli.survey import noise_sigma  # noqa: PLC0415

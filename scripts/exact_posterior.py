@@ -115,7 +115,7 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from fli.cli.common import compose
+    from fli.cli.compose import compose
     from fli.infer.exact import grid_posterior
     from fli.infer.map import prepare
     from fli.infer.params import with_derived

@@ -97,7 +97,8 @@ def main(argv=None) -> int:
 
     import jax.numpy as jnp  # noqa: PLC0415
 
-    from fli.cli.common import _setup_process, compose  # noqa: PLC0415
+    from fli.cli.common import _setup_process  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.infer.map import prepare  # noqa: PLC0415
     from fli.infer.muse import FieldSolver  # noqa: PLC0415
 

@@ -78,7 +78,7 @@ class Setup:
     """One configuration: the posterior, its jitted helpers, compiled optimiser steps (cached)."""
 
     def __init__(self, overrides, pdims=(1, 1)):
-        from fli.cli.common import compose
+        from fli.cli.compose import compose
         from fli.infer.model import build_posterior
         from fli.sharding import make_mesh
 
@@ -306,7 +306,7 @@ def _bias_summary(s, rows, truth, mj, mf, seeds):
 
 
 def study_lightcone(s_traced: Setup, seeds, steps, out_path):
-    from fli.cli.common import compose
+    from fli.cli.compose import compose
 
     low, _ = compose(["cosmology=low_s8"])  # the truth's two sampled parameters; the rest stay planck18
     truth = {"Omega_c": float(low.cosmology.Omega_c), "sigma8": float(low.cosmology.sigma8)}

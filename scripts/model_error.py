@@ -72,7 +72,7 @@ def make_pair(out: Path, i: int, overrides: list[str], finer: list[str]) -> dict
     noiseless maps); returns what was made. One process, the default device mesh."""
     import jax  # noqa: PLC0415
 
-    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.config import ConfigError  # noqa: PLC0415
     from fli.forward import build_forward, fiducial_cosmology  # noqa: PLC0415
     from fli.io import write_observation  # noqa: PLC0415
@@ -119,7 +119,7 @@ def make_pair(out: Path, i: int, overrides: list[str], finer: list[str]) -> dict
 def check_finer(overrides: list[str], finer: list[str], ell_max: str) -> None:
     """ConfigError (one line) unless both configs and the cut compose, and the finer one keeps
     the analysis's cosmology, map and survey (only the simulation may differ)."""
-    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.config import ConfigError  # noqa: PLC0415
 
     a, _ = compose(overrides)

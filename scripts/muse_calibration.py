@@ -56,7 +56,7 @@ PARAMS = ("Omega_c", "sigma8", "S8")
 
 
 def _prior(overrides: list[str]):
-    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.infer.priors import PriorTransform  # noqa: PLC0415
 
     cfg, _ = compose(overrides)
@@ -153,7 +153,7 @@ class _Base:  # the fixed parameters S8 needs besides the sampled ones (Omega_b 
 
     def __init__(self):
         if _Base.Omega_b is None:
-            from fli.cli.common import compose  # noqa: PLC0415
+            from fli.cli.compose import compose  # noqa: PLC0415
 
             _Base.Omega_b = compose([])[0].cosmology.Omega_b
 

@@ -55,7 +55,8 @@ def main(argv=None) -> int:
     import jax.numpy as jnp  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
-    from fli.cli.common import _setup_process, compose  # noqa: PLC0415
+    from fli.cli.common import _setup_process  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.infer.model import Latents, build_posterior, make_data  # noqa: PLC0415
     from fli.infer.muse import FieldSolver, make_simulator  # noqa: PLC0415
     from fli.sharding import make_mesh  # noqa: PLC0415

@@ -45,7 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(argv)
 
-    from fli.cli.common import _setup_process, compose  # noqa: PLC0415
+    from fli.cli.common import _setup_process  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.infer.map import prepare  # noqa: PLC0415
     from fli.infer.muse import Muse  # noqa: PLC0415
     from fli.infer.muse_result import covariance  # noqa: PLC0415

@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.infer.map import prepare  # noqa: PLC0415
 
     cfg, _ = compose([*a.overrides, f"mock={a.mock}"])

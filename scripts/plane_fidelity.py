@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     import numpy as np  # noqa: PLC0415
 
     from fli import plots  # noqa: PLC0415
-    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.config import ConfigError  # noqa: PLC0415
     from fli.forward import build_forward, fiducial_cosmology  # noqa: PLC0415
     from fli.lensing import born_convergence, born_weights, plane_hook  # noqa: PLC0415

@@ -17,9 +17,6 @@ is each process's own clock). Hydra never changes the working directory here
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import datetime as _dt
 import functools
 import logging
 import os
@@ -28,8 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
+from fli.cli.compose import compose_one, conf_dir, hydra_context, hydra_errors, one_line, register_resolvers
 from fli.cli.rundir import Before, agree, check_writable, drop_keys, fs_fault, quote, undo
 from fli.config import Config, ConfigError, register_configs
 
@@ -51,120 +49,6 @@ config groups (conf/): {groups}
 _BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 _BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 _PROCESS: dict = {}  # what this process was set up with (jax.distributed can start only once)
-
-
-def conf_dir() -> Path:
-    """The ``conf/`` tree: ``$FLI_CONF_DIR``, else the one beside the installed package."""
-    env = os.environ.get("FLI_CONF_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
-    if not (path / "config.yaml").is_file():
-        raise ConfigError(f"config tree not found: {path}/config.yaml (set FLI_CONF_DIR to the conf/ folder)")
-    return path
-
-
-def _register_resolvers() -> None:
-    # ${fli.now:}: this process's clock as <date>_<time> with milliseconds, the run-directory
-    # stamp of conf/config.yaml (Hydra's ${now:} has no milliseconds)
-    def stamp() -> str:
-        now = _dt.datetime.now()
-        return now.strftime("%Y-%m-%d_%H-%M-%S-") + f"{now.microsecond // 1000:03d}"
-
-    OmegaConf.register_new_resolver("fli.now", stamp, use_cache=True, replace=True)
-
-
-def _hydra_errors() -> tuple[type[BaseException], ...]:
-    from hydra.errors import HydraException  # noqa: PLC0415
-    from omegaconf.errors import OmegaConfBaseException  # noqa: PLC0415
-
-    return HydraException, OmegaConfBaseException
-
-
-@contextlib.contextmanager
-def _conf(command: str):
-    """Hydra's compose API on ``conf/``, with ``hydra.job.name`` = ``command``."""
-    from hydra import initialize_config_dir  # noqa: PLC0415
-    from hydra.core.global_hydra import GlobalHydra  # noqa: PLC0415
-
-    register_configs()
-    _register_resolvers()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), job_name=command, version_base="1.3"):
-        yield
-
-
-def _compose_one(overrides: list[str], where: str = "") -> tuple[Config, dict, DictConfig]:
-    """Inside :func:`_conf`: (typed config, resolved plain dict, composed config with its hydra node)."""
-    from hydra import compose as hcompose  # noqa: PLC0415
-
-    from fli.config import to_config  # noqa: PLC0415
-
-    try:
-        full = hcompose(config_name="config", overrides=overrides, return_hydra_config=True)
-        task = copy.deepcopy(full)
-        with open_dict(task):
-            del task["hydra"]
-        cfg = to_config(task)
-        resolved = OmegaConf.to_container(task, resolve=True)
-    except ConfigError as e:
-        key, _, head = str(e).partition(": ")
-        raise ConfigError(f"{e}{_suggestion(head, key)}{where}") from None
-    except _hydra_errors() as e:
-        raise ConfigError(_one_line(e) + where) from None
-    return cfg, resolved, full
-
-
-def compose(overrides: list[str]) -> tuple[Config, dict]:
-    """Compose and validate; returns the typed config and the resolved plain dict."""
-    with _conf("app"):
-        cfg, resolved, _ = _compose_one(list(overrides))
-    return cfg, resolved
-
-
-def _one_line(e: BaseException) -> str:
-    msg = str(e).strip()
-    cause = e.__cause__ or e.__context__
-    if cause is not None and str(cause).strip():
-        msg = str(cause).strip()
-    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
-    keep = [ln for ln in lines if not ln.startswith(("full_key", "object_type", "reference_type"))]
-    full_key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key")), "")
-    head = keep[0] if keep else type(e).__name__
-    if head.startswith("Ambiguous value"):
-        head += " (a list: key=[a,b]; a string: key='a,b'; a sweep: add -m)"
-    line = f"{full_key}: {head}" if full_key and full_key not in head else head
-    return line + _suggestion(head, full_key)
-
-
-def _suggestion(head: str, full_key: str) -> str:
-    """What the user may have meant: the close matches of a mistyped key among its section's
-    keys, or the options of a config group that has no such option."""
-    import difflib  # noqa: PLC0415
-    import re  # noqa: PLC0415
-
-    m = re.match(r"Key '([^']+)' not in '(\w+)'", head)
-    if m:
-        import dataclasses  # noqa: PLC0415
-
-        from fli import config as schema  # noqa: PLC0415
-
-        cls = getattr(schema, m.group(2), None)
-        if cls is None or not dataclasses.is_dataclass(cls):
-            return ""
-        fields = [f.name for f in dataclasses.fields(cls)]
-        prefix = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""
-        close = difflib.get_close_matches(m.group(1), fields, n=3, cutoff=0.6)
-        if close:
-            return f"; did you mean {' or '.join(prefix + c for c in close)}?"
-        return f"; the keys of {prefix.rstrip('.') or 'the config'} are: {', '.join(fields)}"
-    m = re.search(r"Could not find '([\w/]+)/([^'/]+)'", head)
-    if m:
-        group = conf_dir() / m.group(1)
-        options = sorted(p.stem for p in group.glob("*.yaml")) if group.is_dir() else []
-        if options:
-            close = difflib.get_close_matches(m.group(2), options, n=1, cutoff=0.6)
-            hint = f"did you mean {m.group(1)}={close[0]}? " if close else ""
-            return f": {hint}the {m.group(1)} options are {', '.join(options)}"
-    return ""
 
 
 def setup_logging() -> logging.Logger:
@@ -282,7 +166,7 @@ def _launch(command: str, overrides: list[str], task: Callable, multirun: bool):
 
     version.setbase("1.3")
     register_configs()
-    _register_resolvers()
+    register_resolvers()
     GlobalHydra.instance().clear()
     hydra = Hydra.create_main_hydra2(task_name=command,
                                      config_search_path=create_config_search_path(str(conf_dir())))
@@ -291,8 +175,8 @@ def _launch(command: str, overrides: list[str], task: Callable, multirun: bool):
             return hydra.multirun(config_name="config", task_function=task,
                                   overrides=[*overrides, "hydra.mode=MULTIRUN"])
         return hydra.run(config_name="config", task_function=task, overrides=[*overrides, "hydra.mode=RUN"])
-    except _hydra_errors() as e:
-        raise ConfigError(_one_line(e)) from None
+    except hydra_errors() as e:
+        raise ConfigError(one_line(e)) from None
     finally:
         GlobalHydra.instance().clear()
 
@@ -378,8 +262,8 @@ def main_wrapper(command: str, body: Body, argv: list[str] | None = None) -> int
 
 
 def _single(command: str, body: Body, args: _Args) -> int:
-    with _conf(command):
-        cfg, resolved, full = _compose_one(args.overrides)
+    with hydra_context(command):
+        cfg, resolved, full = compose_one(args.overrides)
     hnode = full.hydra
     _check_hydra(hnode, launcher=False)
     if args.show:
@@ -416,12 +300,12 @@ def _parse_override(o: str):
 
     try:
         return OverridesParser.create().parse_override(o)
-    except _hydra_errors() as e:
-        raise ConfigError(_one_line(e)) from None
+    except hydra_errors() as e:
+        raise ConfigError(one_line(e)) from None
 
 
 def _sweep_jobs(hnode: DictConfig, overrides: list[str]) -> list[list[str]]:
-    """Inside :func:`_conf`: the jobs of a basic sweep (each its list of overrides), in Hydra's order."""
+    """Inside :func:`hydra_context`: the jobs of a basic sweep (each its list of overrides), in Hydra's order."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # noqa: PLC0415
     from hydra.core.global_hydra import GlobalHydra  # noqa: PLC0415
     from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: PLC0415
@@ -433,15 +317,15 @@ def _sweep_jobs(hnode: DictConfig, overrides: list[str]) -> list[list[str]]:
         parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
         parsed = parser.parse_overrides([f"{k}={v}" for k, v in params.items()] + task)
         batches = BasicSweeper.split_arguments(parsed, None)
-    except _hydra_errors() as e:
-        raise ConfigError(_one_line(e)) from None
+    except hydra_errors() as e:
+        raise ConfigError(one_line(e)) from None
     return [hydra_part + list(job) for batch in batches for job in batch]
 
 
 def _sweep(command: str, body: Body, overrides: list[str]) -> int:
     prog = f"fli-{command}"
     non_sweep = [o for o in overrides if not _parse_override(o).is_sweep_override()]
-    with _conf(command):
+    with hydra_context(command):
         from hydra import compose as hcompose  # noqa: PLC0415
 
         try:  # the sweep's own settings (hydra.sweep.*, the launcher): overrides that do not sweep
@@ -450,13 +334,13 @@ def _sweep(command: str, body: Body, overrides: list[str]) -> int:
             basic = hnode.sweeper._target_ == _BASIC_SWEEPER
             in_process = hnode.launcher._target_ == _BASIC_LAUNCHER
             sweep_dir = str(hnode.sweep.dir)
-        except _hydra_errors() as e:
-            raise ConfigError(_one_line(e)) from None
+        except hydra_errors() as e:
+            raise ConfigError(one_line(e)) from None
         check_writable(Path(sweep_dir), "hydra.sweep.dir")
         # every job validated before anything is written; another sweeper proposes its jobs as
         # it goes, so only what does not sweep can be checked here (each job checks itself)
         jobs = _sweep_jobs(hnode, overrides) if basic else [non_sweep]
-        composed = [_compose_one(job, f" (job #{i}: {' '.join(job)})") for i, job in enumerate(jobs)]
+        composed = [compose_one(job, f" (job #{i}: {' '.join(job)})") for i, job in enumerate(jobs)]
     for (_, resolved, _), job in zip(composed, jobs):
         if resolved.get("run_dir"):
             raise ConfigError(f"run_dir={resolved['run_dir']} is a single run's directory: with -m, job i "

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from fli.cli.common import compose, conf_dir, main_wrapper
+from fli.cli.common import main_wrapper
+from fli.cli.compose import compose, conf_dir
 from fli.config import ConfigError
 
 CONF = conf_dir()

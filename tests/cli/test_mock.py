@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from fli.cli.common import compose
+from fli.cli.compose import compose
 from fli.cli.mock import main
 from fli.fingerprint import DamagedData
 from fli.io import COMPLETE, MockError, load_mock, write_arrays

@@ -14,7 +14,7 @@ VCELL = 2.0  # (Mpc/h)^3, the prior expectation of the white noise's P(k)
 
 def small_config():
     """The small mock's resolved config (tests/helpers/posterior.py) with 10 warm-up draws."""
-    from fli.cli.common import compose
+    from fli.cli.compose import compose
     from tests.helpers.posterior import SMALL
 
     _, resolved = compose([*SMALL, "inference.num_warmup=10"])

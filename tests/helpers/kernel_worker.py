@@ -22,7 +22,7 @@ def main(run_dir: str, mock: str, step: str, n: str, *overrides: str) -> None:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from fli.cli.common import compose
+    from fli.cli.compose import compose
     from fli.infer import checkpoint as ckpt
     from fli.infer.chunk import Accum, make_chunk, zero_accum
     from fli.infer.layout import FLAT_SPEC

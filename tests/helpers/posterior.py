@@ -22,7 +22,7 @@ CHAIN = ["inference.num_warmup=6", "inference.num_samples=6", "inference.chunk=4
 
 def small_posterior(pdims=(1, 1), extra=(), dtype="float32"):
     """(posterior, data, latents at the truth) on ``pdims``."""
-    from fli.cli.common import compose
+    from fli.cli.compose import compose
     from fli.infer.model import Latents, build_posterior, make_data
     from fli.sharding import make_mesh, white_noise
 

@@ -22,7 +22,7 @@ from tests.helpers.posterior import SMALL
 
 @pytest.fixture(scope="module")
 def linear():
-    from fli.cli.common import compose
+    from fli.cli.compose import compose
     from fli.infer.model import Latents, build_posterior, make_data
     from fli.sharding import make_mesh, white_noise
 
@@ -107,7 +107,7 @@ def test_the_grid_is_the_pointwise_posterior_normalised(linear):
 
 
 def test_only_the_linear_forward_with_sampled_parameters_has_it(linear):
-    from fli.cli.common import compose
+    from fli.cli.compose import compose
     from fli.infer.exact import grid_posterior, log_evidence
     from fli.infer.model import build_posterior
     from fli.sharding import make_mesh

@@ -33,7 +33,7 @@ RECOVERY = ["experiment=tiny", "simulation.mesh=[32,32,64]", "lensing.npix=32", 
 
 
 def _setup(overrides, seed, sigma=None):
-    from fli.cli.common import compose
+    from fli.cli.compose import compose
     from fli.infer.model import build_posterior, make_data
     from fli.sharding import make_mesh, white_noise
     from fli.survey import add_noise, noise_sigma

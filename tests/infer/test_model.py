@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fli.cli.common import compose
+from fli.cli.compose import compose
 from fli.config import ConfigError
 from fli.infer.layout import FlatLayout
 from fli.infer.model import Latents, build_posterior

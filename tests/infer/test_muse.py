@@ -29,7 +29,7 @@ TRUTH = {"Omega_c": 0.2607, "sigma8": 0.8102}
 
 @pytest.fixture(scope="module")
 def linear():
-    from fli.cli.common import compose
+    from fli.cli.compose import compose
     from fli.infer.model import Latents, build_posterior, make_data
     from fli.sharding import make_mesh, white_noise
     from fli.survey import add_noise, noise_sigma
@@ -267,7 +267,7 @@ def _check_muse_field(run, m):
     there is ~0 (the fit's tolerance), and ~0 nowhere else: not at the joint MAP's theta."""
     import zarr
 
-    from fli.cli.common import compose
+    from fli.cli.compose import compose
     from fli.infer.model import Latents, build_posterior, make_data
     from fli.io import load_observation
     from fli.sharding import make_mesh

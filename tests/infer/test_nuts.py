@@ -173,7 +173,7 @@ def test_init_from_a_map_compares_the_observation_by_fingerprint_not_path(small_
     """A MAP's manifest records its observation's fingerprint: the same mock under another
     spelling of its path is accepted, a MAP of other data is refused naming both fingerprints,
     and a fli-nuts run is not a MAP."""
-    from fli.cli.common import compose
+    from fli.cli.compose import compose
     from fli.config import ConfigError
     from fli.infer.start import check_init_map
     from fli.io import load_observation

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fli.cli.common import compose
+from fli.cli.compose import compose
 from fli.cli.mock import main as mock_main
 from fli.cli.sample import main as sample_main
 from tests.helpers.posterior import SMALL

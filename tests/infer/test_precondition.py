@@ -168,7 +168,7 @@ def _check_projections(run, store, k):
     transform) against the stored vectors and centre: ``v . (z - ref)``, z = (theta_z, s)."""
     import zarr
 
-    from fli.cli.common import compose
+    from fli.cli.compose import compose
     from fli.infer.priors import PriorTransform
     from fli.infer.run_store import chunk_dir, complete_chunks
     from tests.helpers.posterior import SMALL

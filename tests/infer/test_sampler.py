@@ -135,7 +135,7 @@ def test_optax_inner_products_of_a_sharded_field_gather_nothing():
 @pytest.mark.slow(seconds=90)  # each (an L-BFGS step holds three line-search gradients; CI: 130 s, adam 46 s)
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
 def test_the_map_step_gathers_no_field_and_its_state_stays_sharded(post8, optimizer):
-    from fli.cli.common import compose
+    from fli.cli.compose import compose
     from fli.infer.optimize import init_state, make_step
     from tests.helpers.posterior import SMALL
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fli.cli.common import compose
+from fli.cli.compose import compose
 from fli.config import ConfigError
 from fli.infer.model import Latents, build_posterior
 from fli.infer.scale_cut import check_ell_max, cut_rows, mode_rows, n_modes, whitened_rows

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fli.cli.common import compose
+from fli.cli.compose import compose
 from fli.forward import build_forward, fiducial_cosmology
 from fli.sharding import white_noise
 

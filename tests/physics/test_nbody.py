@@ -210,7 +210,7 @@ def test_force_correction_kernel():
 def test_the_config_mass_assignment_reaches_the_pm():
     """simulation.assignment travels config -> Grid -> the PM's paint and read: the density is
     painting.paint's in that scheme, and the force follows it (TSC's differs from CIC's)."""
-    from fli.cli.common import compose  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
     from fli.forward import build_forward  # noqa: PLC0415
     from fli.nbody import pm_force  # noqa: PLC0415
     from fli.painting import paint  # noqa: PLC0415

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fli import lensing as L
-from fli.cli.common import compose
+from fli.cli.compose import compose
 from fli.config import ConfigError
 from fli.cosmology import planck18
 from fli.forward import build_forward, fiducial_cosmology
