@@ -53,7 +53,7 @@ def main(argv=None) -> int:
         h, h_se, j, names = m["H"], m["H_se"], m["J"], m["cov_names"]
     except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"{a.map_json}: not a MUSE run's map.json with H, H_se and J ({e!r})") from None
-    names = [n for n in names if n in ("Omega_c", "sigma8")][: len(h)]
+    names = names[: len(h)]  # the sampled parameters come first, the derived ones (Omega_m, S8) after
     print(f"{a.map_json}: H = {h}, H_se = {h_se}, J = {j}")
     for n in a.n_sims:
         if n <= len(h) + 1:
