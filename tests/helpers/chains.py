@@ -72,7 +72,16 @@ def four(tmp_path, config, change=None, n=1000):
         runs.append(write_chain(tmp_path / f"c{j}", config, a, seed=j))
     return runs
 
+
 def shifted(draws, stats, spectra):
+    """The defect of chains that disagree: sigma8 (and S8 with it) moved by 3 posterior sds."""
     draws["sigma8"][:] += 0.09  # 3 posterior sd
     om = draws["Omega_m"]
     draws["S8"][:] = draws["sigma8"] * np.sqrt(om / 0.3)
+
+
+def diagnose_main(args):
+    """fli-diagnose's command on ``args`` (imported when a test runs it)."""
+    from fli.cli.diagnose import main
+
+    return main(args)

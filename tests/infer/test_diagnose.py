@@ -15,18 +15,12 @@ from fli.infer import diagnose as dg
 from fli.infer import diagnose_figures as dg_figures
 from fli.infer import diagnose_runs as dg_runs
 from fli.infer.diagnose_convergence import harmonic_mean
-from tests.helpers.chains import four, healthy, shifted, small_config, write_chain
+from tests.helpers.chains import diagnose_main, four, healthy, shifted, small_config, write_chain
 
 
 @pytest.fixture(scope="module")
 def config():
     return small_config()
-
-
-def _main(args):
-    from fli.cli.diagnose import main
-
-    return main(args)
 
 
 def verdicts(runs):
@@ -221,7 +215,7 @@ def test_a_data_constrained_projection_that_did_not_mix_fails_where_p_k_passes(t
     assert v["projection_rhat"] == "fail" and report["projections"]["rhat_argmax"] == 2, report["projections"]
     assert all(v[c] == "pass" for c in ("rhat", "field_rhat", "ess_bulk")), v
     out = tmp_path / "diag"  # as a user runs it: the projections' traces are drawn, one panel pair each
-    _main([f"runs=[{','.join(map(str, runs))}]", f"run_dir={out}"])
+    diagnose_main([f"runs=[{','.join(map(str, runs))}]", f"run_dir={out}"])
     rep = json.loads((out / "diagnostics.json").read_text())
     assert "projections" in rep["figures"] and rep["verdict"] == "fail"
     ok = [write_chain(tmp_path / f"ok{j}", config, _with_normal_projections(healthy(seed=j), 20 + j), seed=j)
@@ -333,7 +327,7 @@ def test_mclmc_chains_get_an_energy_error_figure_not_an_empty_energy_plot(tmp_pa
     with mock.patch.object(dg_figures, "energy_error", side_effect=lambda err, band, path, target: seen.update(
             err=err, band=band, target=target) or real(err, band, path, target)):
         out = tmp_path / "diag"
-        _main([f"runs=[{','.join(map(str, runs))}]", f"run_dir={out}"])
+        diagnose_main([f"runs=[{','.join(map(str, runs))}]", f"run_dir={out}"])
     rep = json.loads((out / "diagnostics.json").read_text())
     assert not (out / "energy.png").exists() and "energy_error" in rep["figures"]
     assert any(n.startswith("energy: not drawn (MCLMC") for n in rep["figure_notes"])
@@ -351,7 +345,6 @@ def test_bands_are_the_issue_table():
     assert dg._band(None, lambda x: True, lambda x: True) == "fail"  # NaN (e.g. a constant chain) fails
     items = [{"verdict": "pass"}, {"verdict": "warn"}, {"verdict": "n/a"}]
     assert dg.overall(items) == "warn" and dg.overall(items + [{"verdict": "fail"}]) == "fail"
-
 
 
 def test_harmonic_mean():

@@ -13,7 +13,7 @@ import pytest
 from fli.config import DiagnoseConfig
 from fli.infer import diagnose as dg
 from fli.infer import diagnose_runs as dg_runs
-from tests.helpers.chains import four, healthy, shifted, small_config, write_chain
+from tests.helpers.chains import diagnose_main, four, healthy, shifted, small_config, write_chain
 
 
 @pytest.fixture(scope="module")
@@ -83,17 +83,11 @@ def test_a_chain_still_in_warm_up_is_dropped(tmp_path, config):
 # ---------------------------------------------------------------- the command
 
 
-def _main(args):
-    from fli.cli.diagnose import main
-
-    return main(args)
-
-
 def test_command_writes_report_and_exit_status(tmp_path, config, capsys):
     """Healthy chains: status 0, diagnostics.json, chains.nc, figures and one HTML page."""
     runs = [write_chain(tmp_path / f"c{j}", config, healthy(n=500, seed=j), seed=j) for j in range(2)]
     out = tmp_path / "diag"
-    assert _main([f"runs=[{','.join(map(str, runs))}]", f"run_dir={out}"]) == 0
+    assert diagnose_main([f"runs=[{','.join(map(str, runs))}]", f"run_dir={out}"]) == 0
     text = capsys.readouterr().out
     assert "verdict: PASS (exit status 0)" in text and len(text.splitlines()) < 40  # one screen
     rep = json.loads((out / "diagnostics.json").read_text())
@@ -107,7 +101,7 @@ def test_command_writes_report_and_exit_status(tmp_path, config, capsys):
 def test_command_fail_is_status_4_with_report(tmp_path, config, capsys):
     runs = four(tmp_path, config, shifted)
     out = tmp_path / "diag"
-    assert _main([f"runs=[{','.join(map(str, runs))}]", f"run_dir={out}", "diagnose.figures=false"]) == 4
+    assert diagnose_main([f"runs=[{','.join(map(str, runs))}]", f"run_dir={out}", "diagnose.figures=false"]) == 4
     assert "verdict: FAIL" in capsys.readouterr().out and (out / "diagnostics.json").is_file()
 
 
@@ -117,7 +111,7 @@ def test_command_sweep_directory(tmp_path, config):
         write_chain(sweep / str(j), config, healthy(n=600, seed=j), seed=j)
     (sweep / "multirun.yaml").write_text("{}")
     out = tmp_path / "diag"
-    code = _main([f"sweep={sweep}", f"run_dir={out}", "diagnose.figures=false"])
+    code = diagnose_main([f"sweep={sweep}", f"run_dir={out}", "diagnose.figures=false"])
     rep = json.loads((out / "diagnostics.json").read_text())
     assert code == rep["exit_status"] and rep["chains"] == 2 and [r["run"][-1] for r in rep["runs"]] == ["0", "1"]
 
@@ -139,11 +133,10 @@ def test_bad_input_is_one_line_status_2_and_no_report(tmp_path, capsys, args, ma
     mock = tmp_path / "mock"
     (mock / "mock.zarr").mkdir(parents=True)
     args = [a.format(empty=empty, missing=tmp_path / "missing", mock=mock) for a in args]
-    assert _main([*args, f"run_dir={out}"]) == 2
+    assert diagnose_main([*args, f"run_dir={out}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fli-diagnose: error:") and match in err[0], err
     assert not (out / "diagnostics.json").exists()
-
 
 
 # ---------------------------------------------------------------- a real chain
@@ -162,7 +155,7 @@ def test_real_chains_of_the_small_mock(small_mock, chain, tmp_path):
     runs = [chain, tmp_path / "nuts0"]
     assert nuts_main([*SMALL, *CHAIN, "seed=0", f"mock={small_mock}", f"run_dir={runs[1]}"]) == 0
     out = tmp_path / "diag"
-    code = _main([f"runs=[{runs[0]},{runs[1]}]", f"run_dir={out}"])
+    code = diagnose_main([f"runs=[{runs[0]},{runs[1]}]", f"run_dir={out}"])
     rep = json.loads((out / "diagnostics.json").read_text())
     assert code == rep["exit_status"] == 4  # 6 draws per chain: far too short, and the report says so
     assert rep["draws_per_chain"] == 6 and rep["chains"] == 2
@@ -203,7 +196,7 @@ def test_report_renders_in_headless_chromium(tmp_path, config):
 
     runs = [write_chain(tmp_path / f"c{j}", config, healthy(n=300, seed=j), seed=j) for j in range(2)]
     out = tmp_path / "diag"
-    assert _main([f"runs=[{runs[0]},{runs[1]}]", f"run_dir={out}"]) in (0, 1, 2)
+    assert diagnose_main([f"runs=[{runs[0]},{runs[1]}]", f"run_dir={out}"]) in (0, 1, 2)
     page = out / "report.html"
     text = page.read_text()
     n_fig = len(json.loads((out / "diagnostics.json").read_text())["figures"])
