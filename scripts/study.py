@@ -65,26 +65,56 @@ def run_logged(cmd: list[str], log: Path, core: int | str = 0, ok: tuple[int, ..
     return rc
 
 
+def _process_id(pid: int) -> str:
+    """``"<pid> <boot id> <start time>"``: a process named so that a later one given the same id
+    (after a reboot, or once ids wrap) does not pass for it; ``""`` where ``pid`` does not run."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return f"{pid} {boot} {stat.rsplit(')', 1)[1].split()[19]}"  # field 22, after the command's name
+
+
+def _holds(text: str) -> bool:
+    """Whether the process a claim file names still runs: the same id, boot and start time. A
+    claim holding only an id (written before the start time was kept) counts while that id runs."""
+    parts = text.split()
+    try:
+        pid = int(parts[0]) if parts else 0
+    except ValueError:
+        return False
+    if pid <= 0:
+        return False
+    if len(parts) == 1:
+        return Path(f"/proc/{pid}").exists()
+    return _process_id(pid) == " ".join(parts)
+
+
 def claim(out: Path, i: int | str) -> bool:
     """Take item ``i`` of the study in ``out`` for this process unless a live driver holds it
-    (``claim_<i>`` holds the holder's process id; a claim whose process is gone is taken over).
+    (``claim_<i>`` names the holder by process id, boot and start time, :func:`_process_id`; a
+    claim whose process is gone is taken over, even where a new process has its id: the claims
+    outlive the machine's sessions, and a driver once skipped a mock because an unrelated process
+    had the id of the dead driver that had claimed it).
     An int names a mock or a pair (``claim_007``), a string any finer item (``claim_007_model_all``)."""
     path = out / (f"claim_{i:03d}" if isinstance(i, int) else f"claim_{i}")
+    me = _process_id(os.getpid())
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         try:
-            holder = int(path.read_text() or "0")
-        except (OSError, ValueError):
-            holder = 0
-        if holder == os.getpid():
+            holder = path.read_text()
+        except OSError:
+            holder = ""
+        if holder.split() == me.split() or holder.strip() == str(os.getpid()):
             return True
-        if holder > 0 and Path(f"/proc/{holder}").exists():
+        if _holds(holder):
             return False
-        path.write_text(str(os.getpid()))  # the holder is gone: take it over
+        path.write_text(me)  # the holder is gone: take it over
         return True
     with os.fdopen(fd, "w") as f:
-        f.write(str(os.getpid()))
+        f.write(me)
     return True
 
 

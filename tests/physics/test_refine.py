@@ -181,9 +181,34 @@ def test_two_model_error_drivers_split_a_pairs_analyses_by_their_claims(tmp_path
         (tmp_path / "claim_000").write_text(str(live.pid))  # and its pair's mocks
         assert not claim(tmp_path, "000_model_all")
         assert claim(tmp_path, "000_model_cut") and claim(tmp_path, "000_model_cut")  # ours, and ours again
-        assert (tmp_path / "claim_000_model_cut").read_text() == str(os.getpid())
+        assert (tmp_path / "claim_000_model_cut").read_text().split()[0] == str(os.getpid())
         assert not claim(tmp_path, 0)
     finally:
         live.kill()
         live.wait()
     assert claim(tmp_path, "000_model_all") and claim(tmp_path, 0)  # its process is gone: taken over
+
+
+def test_a_claim_whose_id_a_new_process_has_is_taken_over(tmp_path):
+    """A claim names its driver by process id, boot and start time: a claim left by a driver of
+    an earlier session, whose id a running process now has, is stale and taken over; the same
+    claim with the running process's own start time holds."""
+    import subprocess
+    import sys
+
+    from tests.helpers.processes import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from study import _process_id, claim
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pid, boot, start = _process_id(live.pid).split()
+        (tmp_path / "claim_001").write_text(f"{pid} {boot} {int(start) - 1}")  # a dead driver's, the id reused
+        assert claim(tmp_path, 1)
+        (tmp_path / "claim_002").write_text(f"{pid} {boot} {start}")  # the running process's own
+        assert not claim(tmp_path, 2)
+    finally:
+        live.kill()
+        live.wait()
+    assert claim(tmp_path, 2)
