@@ -16,7 +16,10 @@ then for every ``--deltas`` d and every column j of ``--columns`` the fits of x_
 at theta, cold and warm. Each fit's score is appended to ``--out`` as it is made (a stopped run
 resumes there, and several processes can share the sims by giving each its own file).
 ``--report`` reads every given file and prints the H columns with their Monte Carlo errors, J at
-theta, and the paired warm-minus-cold differences:
+theta, the paired warm-minus-cold differences, the secant's change with the step, and the mean
+score's response curve: the paired change of the cold scores from theta to every shift, with the
+scores' sd there (``--starts cold`` with large ``--deltas`` asks whether the mean score stays
+linear over the chains' range):
 
     nice -n 19 python scripts/muse_h_start.py --mock <mock> --theta -0.835 -0.023 --sims 0 8 \\
         --out /work/studies/h_start/a.jsonl -- experiment=tiny survey.sigma_e=0.05 simulation.assignment=tsc
@@ -83,7 +86,9 @@ def fit(argv_ns) -> None:
 
     for k in range(*a.sims):
         name0 = f"sim{k}/cold/at"
-        if name0 in done:  # the warm refits need this field: make it again (deterministic) without a record
+        if name0 in done and "warm" not in a.starts:
+            s_at = None
+        elif name0 in done:  # the warm refits need this field: make it again (deterministic) without a record
             x = m.simulate(th, m.sim_key(k), data)
             s_at = m.solver(th, m.zero, x)[0]
         else:
@@ -93,8 +98,10 @@ def fit(argv_ns) -> None:
                 for sign in (1, -1):
                     tp = theta.copy()
                     tp[j] += sign * d
-                    one(_name(k, "cold", j, sign, d), tp, k, m.zero)
-                    one(_name(k, "warm", j, sign, d), tp, k, s_at)
+                    if "cold" in a.starts:
+                        one(_name(k, "cold", j, sign, d), tp, k, m.zero)
+                    if "warm" in a.starts:
+                        one(_name(k, "warm", j, sign, d), tp, k, s_at)
 
 
 def report(files: list[Path], json_out: Path | None) -> None:
@@ -139,6 +146,22 @@ def report(files: list[Path], json_out: Path | None) -> None:
             out["columns"][f"{j}@{d:g}"]["cold_minus_smallest_step"] = {
                 "n": len(ks), "step": ds[0], "mean": diff.mean(0).tolist(),
                 "se": (diff.std(0, ddof=1) / np.sqrt(len(ks))).tolist()}
+    # the mean score's response curve: E[g(theta, x(theta + t e_j))] - E[g(theta, x(theta))], paired per
+    # simulation, at every signed shift t of the cold fits (linear in t where H describes it)
+    for j in sorted(secants):
+        curve = {}
+        for d in sorted(secants[j]):
+            for sign in (-1, 1):
+                ks = [k for k in sims if f"sim{k}/cold/at" in recs and _name(k, "cold", j, sign, d) in recs]
+                if len(ks) < 2:
+                    continue
+                diff = np.asarray([np.asarray(recs[_name(k, "cold", j, sign, d)]["score"])
+                                   - np.asarray(recs[f"sim{k}/cold/at"]["score"]) for k in ks])
+                raw = np.asarray([recs[_name(k, "cold", j, sign, d)]["score"] for k in ks])
+                curve[f"{sign * d:+g}"] = {"n": len(ks), "mean": diff.mean(0).tolist(),
+                                           "se": (diff.std(0, ddof=1) / np.sqrt(len(ks))).tolist(),
+                                           "score_sd": raw.std(0, ddof=1).tolist()}  # sqrt(J) there
+        out.setdefault("response", {})[str(j)] = dict(sorted(curve.items(), key=lambda kv: float(kv[0])))
     emit(out, json_out)
 
 
@@ -148,6 +171,8 @@ def main(argv=None) -> int:
     ap.add_argument("--theta", type=float, nargs="+", help="the standardised theta (map.json's muse.theta_z)")
     ap.add_argument("--sims", type=int, nargs=2, default=[0, 16], metavar=("FIRST", "STOP"))
     ap.add_argument("--deltas", type=float, nargs="+", default=[0.2, 0.5])
+    ap.add_argument("--starts", nargs="+", choices=("cold", "warm"), default=["cold", "warm"],
+                    help="where the shifted fits start: a zero field, the simulation's MAP at theta, or both")
     ap.add_argument("--columns", type=int, nargs="+", default=[1], help="the H columns (parameter indices) to take")
     ap.add_argument("--out", type=Path, help="the JSON-lines file the fits' scores are appended to")
     ap.add_argument("--report", type=Path, nargs="+", help="summarise these JSON-lines files instead of fitting")

@@ -54,6 +54,12 @@ def test_recovers_the_slope_the_warm_offset_and_the_cubic(script, tmp_path):
     assert c02["warm_minus_cold"]["mean"] == pytest.approx([0.5, 0.5], abs=1e-9)
     assert c05["cold_minus_smallest_step"]["mean"][1] == pytest.approx(2.0 * (0.25 - 0.04), abs=1e-9)
     assert c02["cold"]["evals_mean"] == 100 and c02["warm"]["evals_mean"] == 60
+    # the response curve, paired with each simulation's score at theta: slope t + cubic t^3 itself
+    curve = r["response"]["1"]
+    assert list(curve) == ["-0.5", "-0.2", "+0.2", "+0.5"]
+    for t, row in curve.items():
+        assert row["n"] == 10
+        assert row["mean"][1] == pytest.approx(7.0 * float(t) + 2.0 * float(t) ** 3, abs=1e-9)
 
 
 def test_fitting_needs_the_mock_theta_and_out(script):
