@@ -162,7 +162,34 @@ def report(files: list[Path], json_out: Path | None) -> None:
                                            "se": (diff.std(0, ddof=1) / np.sqrt(len(ks))).tolist(),
                                            "score_sd": raw.std(0, ddof=1).tolist()}  # sqrt(J) there
         out.setdefault("response", {})[str(j)] = dict(sorted(curve.items(), key=lambda kv: float(kv[0])))
+        theta = next(iter(recs.values()))["theta"]
+        out.setdefault("score_posterior", {})[str(j)] = score_posterior(theta[j], out["response"][str(j)],
+                                                                        g_at[:, j].std(ddof=1), j)
     emit(out, json_out)
+
+
+def score_posterior(theta_j: float, curve: dict, sd_at: float, j: int, offset: float = 0.0) -> dict | None:
+    """The posterior of the latent ``theta_j`` given only the data's score component j, the other
+    parameters held: the standard-normal prior times that score's Gaussian at each ``theta_j``,
+    its mean and sd interpolated in the response curve (``sd_at`` at theta itself, where the
+    response is 0). ``offset``: the data's score minus the simulations' mean at theta, 0 at
+    MUSE's root. Over the curve's range only: None without a shift on each side."""
+    ts = sorted(float(k) for k in curve)
+    if not (ts[0] < 0 < ts[-1]):
+        return None
+    grid = sorted([*ts, 0.0])
+    means = [0.0 if x == 0.0 else curve[f"{x:+g}"]["mean"][j] for x in grid]
+    sds = [sd_at if x == 0.0 else curve[f"{x:+g}"]["score_sd"][j] for x in grid]
+    z = np.linspace(theta_j + grid[0], theta_j + grid[-1], 4001)
+    mu, v = np.interp(z - theta_j, grid, means), np.interp(z - theta_j, grid, sds)
+    logw = -0.5 * z**2 - 0.5 * ((offset - mu) / v) ** 2 - np.log(v)
+    w = np.exp(logw - logw.max())
+    w /= w.sum()
+    mean = float((w * z).sum())
+    cdf = np.cumsum(w)
+    return {"mean": mean, "sd": float(np.sqrt((w * (z - mean) ** 2).sum())), "range": [float(z[0]), float(z[-1])],
+            "q025_q975": [float(np.interp(0.025, cdf, z)), float(np.interp(0.975, cdf, z))],
+            "mass_in_outer_percent": float(w[:40].sum() + w[-40:].sum())}
 
 
 def main(argv=None) -> int:
