@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mock", help="a fli-mock run directory")
     ap.add_argument("--theta", type=float, nargs="+", help="the standardised theta (map.json's muse.theta_z)")
     ap.add_argument("--sims", type=int, nargs=2, default=[0, 16], metavar=("FIRST", "STOP"))
-    ap.add_argument("--deltas", type=float, nargs="+", default=[0.2, 0.5])
+    ap.add_argument("--deltas", type=float, nargs="*", default=[0.2, 0.5], help="the shifts (none: only the fits at theta, for J)")
     ap.add_argument("--starts", nargs="+", choices=("cold", "warm"), default=["cold", "warm"],
                     help="where the shifted fits start: a zero field, the simulation's MAP at theta, or both")
     ap.add_argument("--columns", type=int, nargs="+", default=[1], help="the H columns (parameter indices) to take")

@@ -21,7 +21,9 @@ iteration, ``theta <- theta + (H + I)^-1 F(theta)`` (then corrected by Broyden's
   simulations' mean score as the parameters that make them move. It is taken by central
   finite differences in ``theta'`` with common random numbers (each simulation keeps its white
   noise and shape noise; :func:`finite_difference_h`);
-* ``J = Cov_i[g(theta, x_i)]``: the scores' covariance over the simulations.
+* ``J = Cov_i[g(theta, x_i)]``: the scores' covariance over the simulations; at the last point
+  over ``j_sims`` of them (``inference.map.muse.j_sims``), since MUSE's width rests on it and
+  each extra simulation is one fit (docs/muse.md, "J from 16 simulations").
 
 Covariance: ``Sigma = (H^T J^-1 H + I)^-1``, the likelihood's ``H^-1 J H^-T`` combined with the
 standard-normal prior. For a Gaussian field observed linearly (``simulation.forward=linear``)
@@ -244,6 +246,7 @@ class Muse:
         self.solver = FieldSolver(post, map_cfg, settings.map_steps, settings.gtol)
         # H's refits start from each simulation's MAP at theta, a field O(fd_step) from theirs
         self.h_steps = settings.map_steps if getattr(settings, "h_steps", None) is None else settings.h_steps
+        self.j_sims = settings.n_sims if getattr(settings, "j_sims", None) is None else settings.j_sims
         self.score = make_score(post)
         self.simulate = make_simulator(post)
         self.key = jax.random.fold_in(jax.random.key(seed), MUSE_STREAM)
@@ -312,14 +315,15 @@ class Muse:
         self.used.update({n: int(r.get("evals", 0)) + 1 for n, r in zip(names, recs, strict=True)})
         return np.asarray([g if g is not None else r["score"] for g, r in zip(mine, recs, strict=True)], np.float64)
 
-    def scores(self, it: str, theta, progress: Callable | None = None):
-        """``(g_data [n], g_sims [N, n])`` at theta."""
+    def scores(self, it: str, theta, progress: Callable | None = None, n: int | None = None):
+        """``(g_data [n], g_sims [N, n])`` at theta, of the first ``n`` simulations (None: n_sims)."""
         th = self._dtype(theta)
-        names = [f"{it}/data", *(f"{it}/sim{i}" for i in range(self.cfg.n_sims))]
+        n = self.cfg.n_sims if n is None else n
+        names = [f"{it}/data", *(f"{it}/sim{i}" for i in range(n))]
         mine = [self._fit(names[0], "data", theta, self.data)]
-        for i in range(self.cfg.n_sims):
+        for i in range(n):  # the simulations beyond n_sims (J's, at the last point) keep no field to start from
             mine.append(self._fit(names[i + 1], f"sim{i}", theta,
-                                  lambda i=i: self.simulate(th, self.sim_key(i), self.data)))
+                                  lambda i=i: self.simulate(th, self.sim_key(i), self.data), keep=i < self.cfg.n_sims))
             if progress is not None:
                 progress(i + 1)
         g = self._gathered(names, theta, mine)
@@ -397,6 +401,10 @@ class Muse:
         if h_at != k:  # the covariance belongs to the last point: H there
             h_cols = self.finite_difference_h(f"it{k}", theta,
                                               self._progress("H at the last point", n * cfg.n_sims, h=True))
+        n_j = self.j_sims
+        if n_j > cfg.n_sims:  # more simulations at the last point for J and the mean score: one fit each
+            what = f"J at the last point ({n_j} simulations)"
+            g_d, g_s = self.scores(f"it{k}", theta, self._progress(what, n_j), n_j)
         h, jm = h_cols.mean(0), np.cov(g_s.T).reshape(n, n)
         cov = covariance(h, jm)
         bi = np.linalg.inv(b)
@@ -406,7 +414,7 @@ class Muse:
                              "%s MUSE sd (tol %g); raise it to continue", cfg.iterations,
                              np.round(history[-1]["step_over_sd"], 3).tolist(), cfg.tol)
         # the estimate moves by b^-1 times an error of the simulations' mean score (covariance J / N)
-        return MuseResult(tuple(self.post.names), theta + step, cov, h, jm, bi @ jm @ bi.T / cfg.n_sims, g_s, g_d,
+        return MuseResult(tuple(self.post.names), theta + step, cov, h, jm, bi @ jm @ bi.T / len(g_s), g_s, g_d,
                           h_cols, history, converged, sum(self.used.values()), time.perf_counter() - t0,
                           self.grad_evals)
 

@@ -49,8 +49,10 @@ class MuseResult:
         names: the sampled parameters.
         theta_z: ``[n]`` the estimate; cov_z: ``[n, n]`` its covariance (prior included).
         h, j: ``[n, n]`` the last H (finite differences) and J (scores' covariance).
-        mc_cov_z: ``[n, n]`` the Monte Carlo covariance of ``theta_z`` from the N simulations.
-        sim_scores: ``[N, n]`` the simulations' scores at the last evaluation; data_score ``[n]``.
+        mc_cov_z: ``[n, n]`` the Monte Carlo covariance of ``theta_z`` from the N (``j_sims``)
+            simulations of its last mean score.
+        sim_scores: ``[N, n]`` the simulations' scores at the last evaluation (``j_sims`` of them);
+            data_score ``[n]``.
         h_columns: ``[N, n, n]`` each simulation's finite-difference columns of H (for the bootstrap).
         history: one dict per iteration (theta, step, F, seconds, gradient evaluations).
         converged: whether the last Newton step was below ``tol`` times the MUSE sd.
@@ -95,13 +97,16 @@ class MuseResult:
         """The Monte Carlo sd of each of ``sd_z`` over resamplings of the simulations (their
         scores for J, their finite-difference columns for H)."""
         rng = np.random.default_rng(seed)
-        n = self.sim_scores.shape[0]
+        n, nh = self.sim_scores.shape[0], self.h_columns.shape[0]
         out, singular = [], 0
         while len(out) < n_boot:
             idx = rng.integers(0, n, n)
+            # H's columns belong to the first nh simulations; with j_sims > n_sims J has more: each
+            # resampled on its own (the pairing of the first nh is dropped, a small part of the error)
+            ih = idx if nh == n else rng.integers(0, nh, nh)
             try:
                 j = np.cov(self.sim_scores[idx].T).reshape(len(self.names), len(self.names))  # 0-d for one parameter
-                out.append(np.sqrt(np.diag(covariance(self.h_columns[idx].mean(0), j))))
+                out.append(np.sqrt(np.diag(covariance(self.h_columns[ih].mean(0), j))))
             except FloatingPointError:  # few distinct simulations in the resample (small N): J singular
                 singular += 1
                 if singular > 10 * n_boot:  # nearly every resample: report no error rather than loop

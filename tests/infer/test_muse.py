@@ -155,8 +155,9 @@ def muse_run(linear):
     from fli.infer.muse import Muse
 
     cfg, post, data, _ = linear
-    settings = SimpleNamespace(n_sims=32, iterations=8, tol=0.05, fd_step=0.05, map_steps=1000, gtol=1e-4)
-    return Muse(post, data, settings, cfg.inference.map, seed=0).run(np.zeros(2))
+    settings = SimpleNamespace(n_sims=32, j_sims=64, iterations=8, tol=0.05, fd_step=0.05, map_steps=1000, gtol=1e-4)
+    m = Muse(post, data, settings, cfg.inference.map, seed=0)
+    return m, m.run(np.zeros(2))
 
 
 def _exact_mode(post, data, start):
@@ -172,7 +173,7 @@ def _exact_mode(post, data, start):
 @pytest.mark.slow(seconds=65)  # 60 s for MUSE (32 simulations, -O0) + 3 s for the exact mode, measured
 def test_muse_lands_on_the_exact_marginal_posteriors_mode(linear, muse_run):
     _, post, data, _ = linear
-    r = muse_run
+    r = muse_run[1]
     assert r.converged
     mode, _ = _exact_mode(post, data, r.theta_z)
     d = r.theta_z - mode
@@ -187,7 +188,7 @@ def test_muse_lands_on_the_exact_marginal_posteriors_mode(linear, muse_run):
 @pytest.mark.slow(seconds=5)  # shares muse_run; 4 responses of A
 def test_muse_h_is_the_exact_fisher_information(linear, muse_run):
     _, post, data, _ = linear
-    r = muse_run
+    r = muse_run[1]
     _, resp = _exact_mode(post, data, r.theta_z)
 
     def cmat(z):
@@ -202,6 +203,40 @@ def test_muse_h_is_the_exact_fisher_information(linear, muse_run):
     # 4 of them, plus 2 % for the two finite differences' truncation (steps 0.05 and 0.01)
     se = r.h_columns.std(0, ddof=1) / np.sqrt(r.h_columns.shape[0])
     assert np.all(np.abs(r.h - fisher) < 4 * se + 0.02 * np.abs(fisher).max()), (r.h, fisher, se)
+
+
+@pytest.mark.slow(seconds=5)  # shares muse_run; one response of A and 64 simulations
+def test_muse_j_is_the_covariance_of_the_exact_marginal_scores_of_its_j_sims_simulations(linear, muse_run):
+    """On the linear forward g is the marginal likelihood's score plus a constant (the Woodbury
+    identity): so J, over inference.map.muse.j_sims = 64 simulations at the last point (32 more
+    than the iteration's), must be the covariance of the exact marginal scores of those same 64
+    simulated data sets, closed form, to the fits' tolerance. This pins which simulations J is
+    over (keys 0-63, each once) and that the estimate's Monte Carlo error uses all 64."""
+    from fli.infer.exact import _Response
+
+    _, post, data, _ = linear
+    m, r = muse_run
+    assert r.sim_scores.shape == (64, 2) and r.h_columns.shape[0] == 32
+    resp = _Response(post, data)
+    z, e = r.history[-1]["theta_z"], 1e-2  # the last point, where the scores were taken
+    a = resp(np.asarray(z))[0].astype(np.float64)
+    ci = np.linalg.inv(a @ a.T + np.eye(a.shape[0]))
+    dc = []
+    for j in range(2):
+        ap, am = (resp(np.asarray(z) + s * e * np.eye(2)[j])[0].astype(np.float64) for s in (1, -1))
+        dc.append((ap @ ap.T - am @ am.T) / (2 * e))
+    keep, w = resp.keep, np.asarray(data.weight).reshape(-1)[resp.keep]
+    exact = []
+    for i in range(64):
+        x = m.simulate(m._dtype(z), m.sim_key(i), data)
+        y = ci @ (np.asarray(x.kappa_obs, np.float64).reshape(-1)[keep] * w)
+        exact.append([0.5 * y @ dc[j] @ y for j in range(2)])  # the trace term is a constant
+    exact = np.asarray(exact)
+    # g - S is one constant for every simulation; the fits stop at a gradient RMS of 1e-4 per
+    # cell, and the finite difference of C is good to e^2 ~ 1e-4 relative: 1 % of J is far above both
+    assert np.allclose(r.j, np.cov(exact.T), rtol=0.01, atol=0.01 * np.abs(r.j).max()), (r.j, np.cov(exact.T))
+    assert np.allclose(r.mc_cov_z * 64, np.linalg.inv(np.asarray(r.history[-1]["newton_matrix"])) @ r.j
+                       @ np.linalg.inv(np.asarray(r.history[-1]["newton_matrix"])).T, rtol=1e-6)
 
 
 # 66 s beside two niced studies before the started run; with it 148 s on a machine about 2.3x slower
