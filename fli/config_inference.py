@@ -65,9 +65,9 @@ class MuseConfig:
     (fli/infer/muse.py), after the joint MAP."""
 
     n_sims: int = 32  # simulations per iteration (their scores' mean and covariance)
-    # simulations for J and the last mean score, at the last point (the first n_sims are the
-    # iteration's; the others cost one fit each, no refits for H); null: n_sims. J's Monte Carlo
-    # error is what MUSE's width rests on (docs/muse.md, "J from 16 simulations")
+    # simulations for J at the last point (the first n_sims are the iteration's; the others cost
+    # one fit each, no refits for H); null: 4 n_sims. MUSE's width rests on J, and 16 simulations
+    # read it at 0.40-0.56x on tiny (docs/muse.md, "J's Monte Carlo error")
     j_sims: int | None = None
     iterations: int = 8  # Newton iterations at most (may be raised to continue a run)
     tol: float = 0.05  # stop when every parameter's Newton step is below tol MUSE sds
@@ -91,7 +91,7 @@ class MuseConfig:
         for k in ("iterations", "map_steps"):
             _check(getattr(self, k) >= 1, f"inference.map.muse.{k}", ">= 1", getattr(self, k))
         _check(self.j_sims is None or self.j_sims >= self.n_sims, "inference.map.muse.j_sims",
-               f"null (n_sims) or >= n_sims ({self.n_sims})", self.j_sims)
+               f"null (4 n_sims) or >= n_sims ({self.n_sims})", self.j_sims)
         _check(self.h_steps is None or self.h_steps >= 1, "inference.map.muse.h_steps", "null (map_steps) or >= 1",
                self.h_steps)
         if self.start is not None:

@@ -21,9 +21,10 @@ iteration, ``theta <- theta + (H + I)^-1 F(theta)`` (then corrected by Broyden's
   simulations' mean score as the parameters that make them move. It is taken by central
   finite differences in ``theta'`` with common random numbers (each simulation keeps its white
   noise and shape noise; :func:`finite_difference_h`);
-* ``J = Cov_i[g(theta, x_i)]``: the scores' covariance over the simulations; at the last point
-  over ``j_sims`` of them (``inference.map.muse.j_sims``), since MUSE's width rests on it and
-  each extra simulation is one fit (docs/muse.md, "J from 16 simulations").
+* ``J = Cov_i[g(theta, x_i)]``: the scores' covariance over the simulations. At the last point
+  it is taken over ``j_sims`` of them (``inference.map.muse.j_sims``, 4 n_sims by default),
+  since MUSE's width rests on it and each extra simulation is one fit (docs/muse.md, "J's Monte
+  Carlo error"); the estimate's last step keeps the iteration's n_sims.
 
 Covariance: ``Sigma = (H^T J^-1 H + I)^-1``, the likelihood's ``H^-1 J H^-T`` combined with the
 standard-normal prior. For a Gaussian field observed linearly (``simulation.forward=linear``)
@@ -154,6 +155,7 @@ def make_simulator(post: Posterior):
     return jax.jit(simulate)
 
 
+J_SIMS_PER_N = 4  # inference.map.muse.j_sims = null: J over 4 n_sims simulations at the last point (docs/muse.md)
 MAX_STEP = 1.0  # the longest Newton step, in prior sds (the standardised latents' units)
 
 
@@ -246,7 +248,7 @@ class Muse:
         self.solver = FieldSolver(post, map_cfg, settings.map_steps, settings.gtol)
         # H's refits start from each simulation's MAP at theta, a field O(fd_step) from theirs
         self.h_steps = settings.map_steps if getattr(settings, "h_steps", None) is None else settings.h_steps
-        self.j_sims = settings.n_sims if getattr(settings, "j_sims", None) is None else settings.j_sims
+        self.j_sims = J_SIMS_PER_N * settings.n_sims if getattr(settings, "j_sims", None) is None else settings.j_sims
         self.score = make_score(post)
         self.simulate = make_simulator(post)
         self.key = jax.random.fold_in(jax.random.key(seed), MUSE_STREAM)
@@ -401,20 +403,22 @@ class Muse:
         if h_at != k:  # the covariance belongs to the last point: H there
             h_cols = self.finite_difference_h(f"it{k}", theta,
                                               self._progress("H at the last point", n * cfg.n_sims, h=True))
-        n_j = self.j_sims
-        if n_j > cfg.n_sims:  # more simulations at the last point for J and the mean score: one fit each
+        g_j, n_j = g_s, self.j_sims
+        if n_j > cfg.n_sims:  # more simulations at the last point for J: one fit each
             what = f"J at the last point ({n_j} simulations)"
-            g_d, g_s = self.scores(f"it{k}", theta, self._progress(what, n_j), n_j)
-        h, jm = h_cols.mean(0), np.cov(g_s.T).reshape(n, n)
+            g_j = self.scores(f"it{k}", theta, self._progress(what, n_j), n_j)[1]
+        h, jm = h_cols.mean(0), np.cov(g_j.T).reshape(n, n)
         cov = covariance(h, jm)
         bi = np.linalg.inv(b)
+        # the last step with the iteration's own n_sims: the estimate stays the root of the iteration's
+        # F, so that a run started there (inference.map.muse.start) stops at once
         step = _capped(bi @ (g_d - g_s.mean(0) - theta))
         if not converged:
             self.log.warning("MUSE did not converge in inference.map.muse.iterations = %d: the last Newton step was "
                              "%s MUSE sd (tol %g); raise it to continue", cfg.iterations,
                              np.round(history[-1]["step_over_sd"], 3).tolist(), cfg.tol)
         # the estimate moves by b^-1 times an error of the simulations' mean score (covariance J / N)
-        return MuseResult(tuple(self.post.names), theta + step, cov, h, jm, bi @ jm @ bi.T / len(g_s), g_s, g_d,
+        return MuseResult(tuple(self.post.names), theta + step, cov, h, jm, bi @ jm @ bi.T / cfg.n_sims, g_j, g_d,
                           h_cols, history, converged, sum(self.used.values()), time.perf_counter() - t0,
                           self.grad_evals)
 

@@ -49,7 +49,7 @@ class MuseResult:
         names: the sampled parameters.
         theta_z: ``[n]`` the estimate; cov_z: ``[n, n]`` its covariance (prior included).
         h, j: ``[n, n]`` the last H (finite differences) and J (scores' covariance).
-        mc_cov_z: ``[n, n]`` the Monte Carlo covariance of ``theta_z`` from the N (``j_sims``)
+        mc_cov_z: ``[n, n]`` the Monte Carlo covariance of ``theta_z`` from the n_sims
             simulations of its last mean score.
         sim_scores: ``[N, n]`` the simulations' scores at the last evaluation (``j_sims`` of them);
             data_score ``[n]``.
