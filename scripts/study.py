@@ -76,9 +76,20 @@ def _process_id(pid: int) -> str:
     return f"{pid} {boot} {stat.rsplit(')', 1)[1].split()[19]}"  # field 22, after the command's name
 
 
-def _holds(text: str) -> bool:
+def _started(pid: int) -> float | None:
+    """The epoch second process ``pid`` started at (None where it does not run)."""
+    try:
+        btime = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines() if x.startswith("btime"))
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return btime + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _holds(text: str, written: float) -> bool:
     """Whether the process a claim file names still runs: the same id, boot and start time. A
-    claim holding only an id (written before the start time was kept) counts while that id runs."""
+    claim holding only an id (written before the start time was kept) counts while a process of
+    that id runs that started before the claim was ``written`` (its mtime)."""
     parts = text.split()
     try:
         pid = int(parts[0]) if parts else 0
@@ -87,7 +98,8 @@ def _holds(text: str) -> bool:
     if pid <= 0:
         return False
     if len(parts) == 1:
-        return Path(f"/proc/{pid}").exists()
+        start = _started(pid)
+        return start is not None and start <= written + 1  # the clock ticks round the start down
     return _process_id(pid) == " ".join(parts)
 
 
@@ -104,12 +116,12 @@ def claim(out: Path, i: int | str) -> bool:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         try:
-            holder = path.read_text()
+            holder, written = path.read_text(), path.stat().st_mtime
         except OSError:
-            holder = ""
+            holder, written = "", 0.0
         if holder.split() == me.split() or holder.strip() == str(os.getpid()):
             return True
-        if _holds(holder):
+        if _holds(holder, written):
             return False
         path.write_text(me)  # the holder is gone: take it over
         return True

@@ -192,7 +192,9 @@ def test_two_model_error_drivers_split_a_pairs_analyses_by_their_claims(tmp_path
 def test_a_claim_whose_id_a_new_process_has_is_taken_over(tmp_path):
     """A claim names its driver by process id, boot and start time: a claim left by a driver of
     an earlier session, whose id a running process now has, is stale and taken over; the same
-    claim with the running process's own start time holds."""
+    claim with the running process's own start time holds. A claim of the id alone (the old
+    form) holds only if that process started before the claim was written."""
+    import os
     import subprocess
     import sys
 
@@ -208,6 +210,12 @@ def test_a_claim_whose_id_a_new_process_has_is_taken_over(tmp_path):
         assert claim(tmp_path, 1)
         (tmp_path / "claim_002").write_text(f"{pid} {boot} {start}")  # the running process's own
         assert not claim(tmp_path, 2)
+        old = tmp_path / "claim_003"  # the id alone, as claims were written before: written before
+        old.write_text(pid)  # the process started, it is a dead driver's whose id was reused
+        os.utime(old, (0, 0))
+        assert claim(tmp_path, 3)
+        (tmp_path / "claim_004").write_text(pid)  # written now, while that process runs: held
+        assert not claim(tmp_path, 4)
     finally:
         live.kill()
         live.wait()
