@@ -45,6 +45,11 @@ def _name(k: int, start: str, j: int, sign: int, d: float) -> str:
     return f"sim{k}/{start}/{j}{'+' if sign > 0 else '-'}{d:g}"
 
 
+def _mean_se(x: np.ndarray) -> dict:
+    """``{"n", "mean", "se"}`` of per-simulation rows ``x`` ``[k, n]``."""
+    return {"n": len(x), "mean": x.mean(0).tolist(), "se": (x.std(0, ddof=1) / np.sqrt(len(x))).tolist()}
+
+
 def fit(argv_ns) -> None:
     a = argv_ns
     from fli.cli.common import _setup_process  # noqa: PLC0415
@@ -124,16 +129,14 @@ def report(files: list[Path], json_out: Path | None) -> None:
             c = np.asarray([(np.asarray(recs[_name(k, start, j, 1, d)]["score"])
                              - np.asarray(recs[_name(k, start, j, -1, d)]["score"])) / (2 * d) for k in ks])
             cols[start] = dict(zip(ks, c, strict=True))
-            row[start] = {"n": len(ks), "H_column": c.mean(0).tolist(),
-                          "se": (c.std(0, ddof=1) / np.sqrt(len(ks))).tolist(),
+            stats = _mean_se(c)
+            row[start] = {"n": stats["n"], "H_column": stats["mean"], "se": stats["se"],
                           "evals_mean": float(np.mean([recs[_name(k, start, j, s, d)]["evals"]
                                                        for k in ks for s in (1, -1)]))}
         if "cold" in cols and "warm" in cols:
             ks = sorted(set(cols["cold"]) & set(cols["warm"]))
             diff = np.asarray([cols["warm"][k] - cols["cold"][k] for k in ks])
-            row["warm_minus_cold"] = {"n": len(ks), "mean": diff.mean(0).tolist(),
-                                      "se": (diff.std(0, ddof=1) / np.sqrt(len(ks))).tolist(),
-                                      "per_sim": diff.tolist()}
+            row["warm_minus_cold"] = {**_mean_se(diff), "per_sim": diff.tolist()}
         out["columns"][f"{j}@{d:g}"] = row
         secants.setdefault(j, {})[d] = cols.get("cold", {})
     for j, by_d in secants.items():  # is the mean score linear in theta'? the paired change of the secant with d
@@ -143,9 +146,7 @@ def report(files: list[Path], json_out: Path | None) -> None:
             if len(ks) < 2:
                 continue
             diff = np.asarray([by_d[d][k] - by_d[ds[0]][k] for k in ks])
-            out["columns"][f"{j}@{d:g}"]["cold_minus_smallest_step"] = {
-                "n": len(ks), "step": ds[0], "mean": diff.mean(0).tolist(),
-                "se": (diff.std(0, ddof=1) / np.sqrt(len(ks))).tolist()}
+            out["columns"][f"{j}@{d:g}"]["cold_minus_smallest_step"] = {"step": ds[0], **_mean_se(diff)}
     # the mean score's response curve: E[g(theta, x(theta + t e_j))] - E[g(theta, x(theta))], paired per
     # simulation, at every signed shift t of the cold fits (linear in t where H describes it)
     for j in sorted(secants):
@@ -158,9 +159,7 @@ def report(files: list[Path], json_out: Path | None) -> None:
                 diff = np.asarray([np.asarray(recs[_name(k, "cold", j, sign, d)]["score"])
                                    - np.asarray(recs[f"sim{k}/cold/at"]["score"]) for k in ks])
                 raw = np.asarray([recs[_name(k, "cold", j, sign, d)]["score"] for k in ks])
-                curve[f"{sign * d:+g}"] = {"n": len(ks), "mean": diff.mean(0).tolist(),
-                                           "se": (diff.std(0, ddof=1) / np.sqrt(len(ks))).tolist(),
-                                           "score_sd": raw.std(0, ddof=1).tolist()}  # sqrt(J) there
+                curve[f"{sign * d:+g}"] = {**_mean_se(diff), "score_sd": raw.std(0, ddof=1).tolist()}  # sqrt(J) there
         out.setdefault("response", {})[str(j)] = dict(sorted(curve.items(), key=lambda kv: float(kv[0])))
         theta = next(iter(recs.values()))["theta"]
         out.setdefault("score_posterior", {})[str(j)] = score_posterior(theta[j], out["response"][str(j)],
@@ -197,7 +196,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mock", help="a fli-mock run directory")
     ap.add_argument("--theta", type=float, nargs="+", help="the standardised theta (map.json's muse.theta_z)")
     ap.add_argument("--sims", type=int, nargs=2, default=[0, 16], metavar=("FIRST", "STOP"))
-    ap.add_argument("--deltas", type=float, nargs="*", default=[0.2, 0.5], help="the shifts (none: only the fits at theta, for J)")
+    ap.add_argument("--deltas", type=float, nargs="*", default=[0.2, 0.5],
+                    help="the shifts (none: only the fits at theta, for J)")
     ap.add_argument("--starts", nargs="+", choices=("cold", "warm"), default=["cold", "warm"],
                     help="where the shifted fits start: a zero field, the simulation's MAP at theta, or both")
     ap.add_argument("--columns", type=int, nargs="+", default=[1], help="the H columns (parameter indices) to take")
