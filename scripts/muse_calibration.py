@@ -3,8 +3,11 @@
 
 For mock ``i`` the truth's standardised parameters are drawn from N(0, I) (``numpy`` seed
 ``1000 + i``) and mapped through the prior; ``fli-mock`` makes the mock at that cosmology with
-``seed=i``; ``fli-map inference.map.estimator=muse`` analyses it at the config's own cosmology,
-as a user who does not know the truth would. Each command is its own process, one at a time,
+``seed=i``; ``fli-map inference.map.estimator=muse seed=i`` analyses it at the config's own
+cosmology, as a user who does not know the truth would. The seed gives each mock its own MUSE
+simulations (their keys are ``fold_in`` of a stream apart from the mock's): with one seed for
+every mock they would share one draw of J and of the simulations' mean score, and the pulls
+would test that draw more than MUSE. Each command is its own process, one at a time,
 pinned to one core (``--core``, default 0) under ``nice -n 19`` (tests and CI keep the cores).
 Two drivers on two cores share a study: each takes a mock by creating ``claim_<i>`` (holding
 its process id) and skips mocks another live driver holds; a claim whose process is gone is
@@ -139,9 +142,10 @@ def analyse(out: Path, mocks: int, overrides: list[str], core: int = 0, keep: Pa
             shutil.rmtree(mock, ignore_errors=True)  # a mock cut short is made again
             _run(["fli.cli.mock", *overrides, *(f"cosmology.{k}={v!r}" for k, v in truth.items()), f"seed={i}",
                   f"run_dir={mock}"], out / f"mock_{i:03d}.log", core)
-        _restore_partial(run, mock, keep, i, overrides)
-        _run(["fli.cli.map", *overrides, f"mock={mock}", f"run_dir={run}", "inference.map.estimator=muse"],
-             out / f"map_{i:03d}.log", core, every=(save_every, lambda: _save_partial(run, mock, keep, i, overrides)))
+        analysis = [*overrides, f"seed={i}"]  # a partial kept under another seed holds other simulations
+        _restore_partial(run, mock, keep, i, analysis)
+        _run(["fli.cli.map", *analysis, f"mock={mock}", f"run_dir={run}", "inference.map.estimator=muse"],
+             out / f"map_{i:03d}.log", core, every=(save_every, lambda: _save_partial(run, mock, keep, i, analysis)))
         _keep(run, keep, i)
         if keep is not None:
             shutil.rmtree(keep / f"partial_{i:03d}", ignore_errors=True)  # map.json is kept: the fits are done

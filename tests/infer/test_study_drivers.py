@@ -73,6 +73,36 @@ def test_a_finished_run_is_not_kept_as_partial(cal, tmp_path):
     assert not (tmp_path / "keep" / "partial_001").exists()
 
 
+def test_each_mock_is_analysed_with_its_own_seed(cal, tmp_path, monkeypatch):
+    """fli-map's seed sets MUSE's simulations: one seed for every mock would give every mock the
+    same draw of J and of the simulations' mean score (stop 49 found the calibration's 16 read J
+    at 0.4x). The mock's seed and the analysis's are the mock's index, and a partial kept under
+    another seed is not restored."""
+    calls = []
+
+    def fake_run(argv, log, core, every=None):
+        calls.append(argv)
+        run_dir = Path(next(a for a in argv if a.startswith("run_dir="))[8:])
+        if argv[0] == "fli.cli.mock":
+            _mock(run_dir, "abc")
+            (run_dir / "mock.zarr" / "COMPLETE").write_text("")
+        else:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "map.json").write_text("{}")
+
+    monkeypatch.setattr(cal, "_run", fake_run)
+    out, keep = tmp_path / "study", tmp_path / "keep"
+    out.mkdir()
+    # a partial of mock 1 kept under the old protocol (no seed among the overrides)
+    cal._save_partial(_run(tmp_path / "old" / "map_001"), _mock(tmp_path / "old" / "mock_001", "abc"), keep, 1,
+                      OVERRIDES)
+    cal.analyse(out, 2, OVERRIDES, keep=keep)
+    seeds = [[a for a in argv if a.startswith("seed=")] for argv in calls]
+    assert [argv[0] for argv in calls] == ["fli.cli.mock", "fli.cli.map"] * 2
+    assert seeds == [["seed=0"], ["seed=0"], ["seed=1"], ["seed=1"]]
+    assert not (out / "map_001" / "muse_scores.jsonl").exists()
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
