@@ -9,7 +9,7 @@ Two schemes (``SCHEMES``), each a product of 1D kernels over the three axes:
 * ``"cic"``, cloud in cell: 2 points per axis (8 corners), weights ``(1 - f, f)`` of the
   fractional position ``f`` in ``[0, 1)`` past the lower grid point. Multilinear within a cell:
   continuous in the positions, but its first derivative jumps where a particle crosses a grid
-  point, so a potential built on it is only piecewise smooth (docs/muse.md, "Why the PM fits
+  point, so a potential built on it is only piecewise smooth (docs/muse_studies.md, "Why the PM fits
   stall").
 * ``"tsc"``, triangular-shaped cloud: 3 points per axis (27 corners) around the nearest grid
   point, weights ``((1/2 - f)^2 / 2, 3/4 - f^2, (1/2 + f)^2 / 2)`` of the offset ``f`` in

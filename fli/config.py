@@ -109,7 +109,7 @@ class SimulationConfig:
                "a finite number >= 0 (0.25 corrects the one-particle-per-cell force; 0 turns it off)",
                self.force_correction)
         _check(self.assignment in ("cic", "tsc"), "simulation.assignment",
-               "'cic' or 'tsc' (tsc: gradients continuous in the field, docs/muse.md)", self.assignment)
+               "'cic' or 'tsc' (tsc: gradients continuous in the field, docs/muse_studies.md)", self.assignment)
         _check(self.forward in ("pm", "linear"), "simulation.forward", "'pm' or 'linear'", self.forward)
 
 

@@ -67,12 +67,12 @@ class MuseConfig:
     n_sims: int = 32  # simulations per iteration (their scores' mean and covariance)
     # simulations for J at the last point (the first n_sims are the iteration's; the others cost
     # one fit each, no refits for H); null: 4 n_sims. MUSE's width rests on J, and 16 simulations
-    # read it at 0.40-0.56x on tiny (docs/muse.md, "J's Monte Carlo error")
+    # read it at 0.40-0.56x on tiny (docs/muse_studies.md, "J's Monte Carlo error")
     j_sims: int | None = None
     iterations: int = 8  # Newton iterations at most (may be raised to continue a run)
     tol: float = 0.05  # stop when every parameter's Newton step is below tol MUSE sds
     # H's central-difference step in the standardised parameters: the PM fits' end points jitter
-    # (kinks in U), and H's noise from that falls as 1/fd_step; truncation 0.7 % at 0.2 (docs/muse.md)
+    # (kinks in U), and H's noise from that falls as 1/fd_step; truncation 0.7 % at 0.2 (docs/muse_studies.md)
     fd_step: float = 0.2
     map_steps: int = 1000  # optimiser steps per field MAP at most
     # optimiser steps per refit of H's finite differences at most (each starts from its

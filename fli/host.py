@@ -7,7 +7,7 @@ compiler's peak for the rest of the run; :func:`release_freed_memory` hands them
 
 Float64 numbers the host needs (the light cone's distances, prior inverses) are computed on
 the host's CPU under :func:`cpu_float64`, whatever the default device: a TPU emulates float64,
-and compiling one such table lookup took 153 s there (2026-12-06, docs/muse.md).
+and compiling one such table lookup took 153 s there (2026-12-06, docs/muse_studies.md).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ device that owns its Lagrangian cell.
 
 The mass assignment (``scheme``, :mod:`fli.assignment`): ``"cic"`` (8 corners, continuous but
 with a derivative that jumps where a particle crosses a grid point) or ``"tsc"`` (27 corners,
-a continuous derivative: what a gradient-based fit needs to converge; docs/muse.md).
+a continuous derivative: what a gradient-based fit needs to converge; docs/muse_studies.md).
 
 Halo. Each device paints into its block padded by ``halo`` cells on both sides in x and y
 (z wraps locally), so a particle may move up to the halo width away from its block:

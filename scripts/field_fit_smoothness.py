@@ -3,7 +3,7 @@
 through the end of a fit, for each forward, side by side.
 
 MUSE's field fits (fli/infer/muse.py) on the PM forward end at their step budget with the
-gradient's RMS stalled at 0.01-0.04 per cell, in float32 and in float64 (docs/muse.md). For a
+gradient's RMS stalled at 0.01-0.04 per cell, in float32 and in float64 (docs/muse_studies.md). For a
 smooth U the optimiser would drive the gradient to zero. Here the data's field is fitted at
 fixed theta (``--steps`` L-BFGS steps from zero, MUSE's own solver), and then, along the unit
 direction ``d`` of steepest descent there, ``phi'(t) = grad U(s + t d) . d`` is evaluated at

@@ -12,7 +12,7 @@ H is taken (n sampled parameters, central differences); each fit is up to
   simulation at the prior's median, from zero: seconds per gradient evaluation inside the
   compiled loop, and gradient evaluations per step (L-BFGS's line search);
 * the projection: evaluations per fit = ``--evals-per-fit``, or the timed fit's evaluations per
-  step x ``map_steps`` (PM fits end at their step budget, docs/muse.md); fits per estimate =
+  step x ``map_steps`` (PM fits end at their step budget, docs/muse_studies.md); fits per estimate =
   ``--iterations`` x (N + 1) + ``--h-takes`` x 2 n N (the tiny PM mock: 4 iterations, H at the
   first and the last point, 449 evaluations per fit of 300 steps: L-BFGS's line search takes
   one evaluation a step at first and more later, so a short timed fit undercounts them).

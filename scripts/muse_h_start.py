@@ -9,7 +9,7 @@ estimate of that expectation's secant slope whatever g is, provided g is a funct
 alone. MUSE's refits (fli/infer/muse.py, ``finite_difference_h``) start from each simulation's MAP
 at theta, so a fit landing in another local minimum from a cold start would make g depend on
 the start. On tiny TSC, MUSE's H for sigma8 with its J gives a precision H^2 / J over 3x what the
-NUTS chains find (docs/muse.md), where Cauchy-Schwarz bounds H^2 / J by the Fisher information.
+NUTS chains find (docs/muse_studies.md), where Cauchy-Schwarz bounds H^2 / J by the Fisher information.
 
 For each simulation k of ``--sims`` (MUSE's own keys, ``Muse.sim_key``): the cold fit at theta,
 then for every ``--deltas`` d and every column j of ``--columns`` the fits of x_k(theta +- d e_j)

@@ -5,7 +5,7 @@ the full budget, on one mock, side by side in one process.
 MUSE's H (fli/infer/muse.py, ``finite_difference_h``) refits each simulation's field at
 ``theta +- fd_step e_j``, starting from that simulation's MAP at theta, and takes the central
 difference of the scores. On the tiny PM mock it is two thirds of MUSE's gradient evaluations
-(docs/muse.md), because each fit runs to ``map_steps``. Here the data's and the simulations' fits
+(docs/muse_studies.md), because each fit runs to ``map_steps``. Here the data's and the simulations' fits
 at ``theta`` run once with ``map_steps``; then H is taken with each ``--steps`` budget from those
 same starting fields. Reported per budget: H, its Monte Carlo standard error over the
 simulations, the difference from the largest budget's H in those errors, MUSE's sds

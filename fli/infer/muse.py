@@ -23,7 +23,7 @@ iteration, ``theta <- theta + (H + I)^-1 F(theta)`` (then corrected by Broyden's
   noise and shape noise; :func:`finite_difference_h`);
 * ``J = Cov_i[g(theta, x_i)]``: the scores' covariance over the simulations. At the last point
   it is taken over ``j_sims`` of them (``inference.map.muse.j_sims``, 4 n_sims by default),
-  since MUSE's width rests on it and each extra simulation is one fit (docs/muse.md, "J's Monte
+  since MUSE's width rests on it and each extra simulation is one fit (docs/muse_studies.md, "J's Monte
   Carlo error"); the estimate's last step keeps the iteration's n_sims.
 
 Covariance: ``Sigma = (H^T J^-1 H + I)^-1``, the likelihood's ``H^-1 J H^-T`` combined with the
@@ -155,7 +155,8 @@ def make_simulator(post: Posterior):
     return jax.jit(simulate)
 
 
-J_SIMS_PER_N = 4  # inference.map.muse.j_sims = null: J over 4 n_sims simulations at the last point (docs/muse.md)
+# inference.map.muse.j_sims = null: J over 4 n_sims simulations at the last point (docs/muse_studies.md)
+J_SIMS_PER_N = 4
 MAX_STEP = 1.0  # the longest Newton step, in prior sds (the standardised latents' units)
 
 
@@ -220,7 +221,7 @@ class ScoreStore:
 
 def kinked(fwd) -> bool:
     """Whether the forward's potential has kinks in the field: the PM forward with CIC mass
-    assignment, whose derivative jumps where a particle crosses a grid point (docs/muse.md, "Why
+    assignment, whose derivative jumps where a particle crosses a grid point (docs/muse_studies.md, "Why
     the PM fits stall"). Field fits stall on them whatever their budget; TSC's is smooth."""
     return fwd.kind == "pm" and fwd.grid.assignment == "cic"
 
@@ -424,10 +425,10 @@ class Muse:
 
     def _remedy(self, key: str) -> str:
         """What would let the fits converge: CIC's kinks of U stall them on the PM forward
-        whatever the budget (docs/muse.md), TSC's smooth U does not."""
+        whatever the budget (docs/muse_studies.md), TSC's smooth U does not."""
         if kinked(self.post.fwd):
             return (f"with CIC on the PM forward no {key} brings them to gtol, since U has kinks: "
-                    "simulation.assignment=tsc makes U smooth so that they converge, docs/muse.md")
+                    "simulation.assignment=tsc makes U smooth so that they converge, docs/muse_studies.md")
         return f"raise {key} for a sharper one"
 
     def _progress(self, what: str, total: int, h: bool = False):

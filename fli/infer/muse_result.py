@@ -89,7 +89,7 @@ class MuseResult:
         """The parameters whose diagonal of H is not above ``k`` of its standard errors: the
         simulations do not resolve how that parameter moves their scores, so its sd falls back
         towards the prior's and Newton's steps in it lean on Broyden's update. Seen on tiny PM
-        with fits that end at their step budget: H's Omega_c diagonal -0.38 +- 0.4 (docs/muse.md)."""
+        with fits that end at their step budget: H's Omega_c diagonal -0.38 +- 0.4 (docs/muse_studies.md)."""
         d, se = np.diag(self.h), np.diag(self.h_se)
         return [n for n, v, e in zip(self.names, d, se, strict=True) if not v > k * e]
 

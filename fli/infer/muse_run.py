@@ -168,7 +168,7 @@ def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
     if kinked(post.fwd):
         log.warning("MUSE on the PM forward with simulation.assignment=cic: CIC puts kinks in the potential where "
                     "the field fits stall, so H and J come out noisy and MUSE reads wide; "
-                    "simulation.assignment=tsc (for the mock too) makes it smooth (docs/muse.md)")
+                    "simulation.assignment=tsc (for the mock too) makes it smooth (docs/muse_studies.md)")
     if is_writer():
         (run_dir / ITERATIONS).unlink(missing_ok=True)
 
@@ -183,7 +183,7 @@ def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
         log.warning("MUSE: H's diagonal for %s is %.3g +- %.2g (its Monte Carlo se, %d simulations), not above %g "
                     "se: the simulations do not resolve how %s moves their scores, so its sd leans on the prior. "
                     "Raise inference.map.muse.n_sims; on the PM forward also fd_step and h_steps (fits that end at "
-                    "their step budget blur H, docs/muse.md)", name, res.h[i, i], res.h_se[i, i],
+                    "their step budget blur H, docs/muse_studies.md)", name, res.h[i, i], res.h_se[i, i],
                     res.h_columns.shape[0], H_RESOLVED, name)
     if spread:
         log.info("MUSE: no %s (the fits ran on each process's own mesh): a chain started from this run takes "

@@ -143,7 +143,7 @@ def test_h_refits_keep_their_own_step_budget_in_the_same_compiled_solver(linear,
     assert m.solver._solve._cache_size() == compiled
     assert "16 of the fits ended at inference.map.muse.h_steps = 2" in caplog.text
     assert "raise h_steps for a sharper one" in caplog.text  # the linear forward's U is smooth
-    # on PM with CIC no budget helps (docs/muse.md): the warning names TSC instead
+    # on PM with CIC no budget helps (docs/muse_studies.md): the warning names TSC instead
     pm = SimpleNamespace(post=SimpleNamespace(fwd=SimpleNamespace(kind="pm", grid=SimpleNamespace(assignment="cic"))))
     assert "simulation.assignment=tsc" in Muse._remedy(pm, "map_steps")
     pm.post.fwd.grid.assignment = "tsc"
@@ -477,7 +477,7 @@ def test_a_diagonal_of_h_within_two_standard_errors_of_zero_is_reported_unresolv
 
 
 def test_the_smoothness_probe_tells_a_quadratic_potential_from_one_with_a_kink(linear):
-    """scripts/field_fit_smoothness.py's probe (docs/muse.md: the PM potential has kinks where its
+    """scripts/field_fit_smoothness.py's probe (docs/muse_studies.md: the PM potential has kinks where its
     field fits end). On the linear forward U is quadratic in s, so phi'(t) along any line is
     exactly straight: every step between neighbouring points is the same. The same U with a kink
     |e . (s - s_hat)| planted across the line must show one jump far above the others."""

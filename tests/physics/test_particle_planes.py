@@ -188,7 +188,7 @@ def test_tsc_planes_weights_conservation_and_slab_cut(geom):
 def test_tsc_plane_gradients_are_continuous_where_cic_jumps(geom):
     """A particle moved through where its weights change piece (CIC: a pixel centre, and half a
     cell inside a slab's edge; TSC: half a pixel off a centre, the same z): the gradient of a
-    weighted plane jumps with CIC and not with TSC (fli/assignment.py, docs/muse.md)."""
+    weighted plane jumps with CIC and not with TSC (fli/assignment.py, docs/muse_studies.md)."""
     i = 1
     wts = jnp.asarray(np.random.default_rng(7).normal(size=(NPIX, NPIX)))
     jumps = {}
