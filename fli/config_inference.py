@@ -57,6 +57,7 @@ class PriorConfig:
 
 ESTIMATORS = ("joint", "muse")
 MUSE_SPREADS = ("mesh", "processes")
+MUSE_ESTIMATES = ("posterior", "root")  # inference.map.muse.estimate
 
 
 @dataclass
@@ -82,6 +83,10 @@ class MuseConfig:
     # latents (one per sampled parameter, a priori N(0, 1)), e.g. another run's MUSE estimate
     start: list[float] | None = None
     gtol: float = 1e-4  # a field MAP stops when its gradient's RMS per cell is below gtol
+    # what theta_z reports: "posterior", the mean of the Gaussian posterior given the MUSE score
+    # (the mean that goes with the reported covariance); "root", the root of F (Millea & Seljak's
+    # estimate with a prior). They differ where J exceeds H (fli/infer/muse_result.py)
+    estimate: str = "posterior"
     # "mesh": each fit sharded over every device of every process, one fit after another;
     # "processes": each process fits its own share of the simulations on its own devices
     spread: str = "mesh"
@@ -106,6 +111,8 @@ class MuseConfig:
             _check(_finite(v) and v > 0, f"inference.map.muse.{k}", "> 0", v)
         _check(self.spread in MUSE_SPREADS, "inference.map.muse.spread", " or ".join(map(repr, MUSE_SPREADS)),
                self.spread)
+        _check(self.estimate in MUSE_ESTIMATES, "inference.map.muse.estimate",
+               " or ".join(map(repr, MUSE_ESTIMATES)), self.estimate)
 
 
 @dataclass

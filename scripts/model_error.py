@@ -149,7 +149,8 @@ def _start(out: Path, keep: Path | None, i: int, mock: str, cut: str) -> list[st
     rec = _record(out, keep, i, "model", "all")
     if rec is None:
         return []
-    z = json.loads(rec.read_text())["muse"]["theta_z"]
+    muse = json.loads(rec.read_text())["muse"]
+    z = muse.get("theta_root_z") or muse["theta_z"]  # the root (records before it was kept: theta_z was the root)
     return [f"inference.map.muse.start=[{','.join(f'{v:.6f}' for v in z)}]"]
 
 

@@ -16,10 +16,13 @@ taken over, so an interrupted mock is resumed by whichever driver comes to it.
 Reported per parameter (Omega_c, sigma8, S8), over the mocks:
 
 * MUSE's pull ``(value - truth) / sd``, with value and sd the mean and sd of MUSE's latent
-  Gaussian pushed through the prior (recomputed here from each map.json's ``theta_z`` and
-  ``cov_z``): its mean must be within ``3 / sqrt(M)`` of 0 and its sd within ``1 +- 3 / sqrt(2 M)``
-  (issue 21's criterion); the same in the standardised latents, where MUSE's Gaussian lives,
-  and as the truth's quantile under that Gaussian (a normal score, for S8 too);
+  Gaussian pushed through the prior (recomputed here from each map.json's record and
+  ``cov_z``; the Gaussian's mean is the posterior's mean given the score, taken from the
+  record whichever ``inference.map.muse.estimate`` wrote it,
+  ``fli.infer.muse_result.estimates_of_record``): its mean must be within ``3 / sqrt(M)`` of 0
+  and its sd within ``1 +- 3 / sqrt(2 M)`` (issue 21's criterion); the same in the standardised
+  latents, where MUSE's Gaussian lives, and as the truth's quantile under that Gaussian (a
+  normal score, for S8 too); and the pull of the root of F (``estimate=root``) beside it;
 * the joint MAP's pull with its marginal Laplace sd, beside it;
 * MUSE's sd over the prior's sd (the prior's S8 sd from 200000 prior draws): how far the data
   narrow the prior, so that the check can fail.
@@ -212,19 +215,25 @@ def report(out: Path, overrides: list[str], keep: Path | None = None) -> dict:
         raise SystemExit(f"no finished analysis under {out}")
     res = {"mocks": m, "overrides": overrides, "criterion": {"mean_within": 3 / math.sqrt(m),
                                                               "sd_within": 3 / math.sqrt(2 * m)}, "params": {}}
+    from fli.infer.muse_result import estimates_of_record  # noqa: PLC0415
+
     zt = np.array([[*np.asarray(prior.inverse([r["truth"][n] for n in prior.names]))] for r in rows])
-    zm = np.array([r["muse"]["theta_z"] for r in rows])
+    est = [estimates_of_record(r["muse"]) for r in rows]  # both estimates, whichever one a record reports
+    zm = np.array([e["posterior"] for e in est])
     zsd = np.array([r["muse"]["sd_z"] for r in rows])
-    phys = [_muse_physical(prior, r["muse"], r["truth"]) for r in rows]
+    phys, phys_root = ([_muse_physical(prior, {"theta_z": e[kind], "cov_z": r["muse"]["cov_z"]}, r["truth"])
+                        for r, e in zip(rows, est, strict=True)] for kind in ("posterior", "root"))
+    pulls = lambda ph_all, name: np.array([(ph[name]["mean"] - r["truth"][name]) / ph[name]["sd"]
+                                           for r, ph in zip(rows, ph_all, strict=True)])
     for name in PARAMS:
-        muse = np.array([(ph[name]["mean"] - r["truth"][name]) / ph[name]["sd"]
-                         for r, ph in zip(rows, phys, strict=True)])
+        muse, root = pulls(phys, name), pulls(phys_root, name)
         quant = np.array([ph[name]["quantile_pull"] for ph in phys])
         lap = [((r.get("laplace") or {}).get("marginal") or {}).get("std", {}).get(name) for r in rows]
         jpull = [(r["params"][name] - r["truth"][name]) / s if s else None for r, s in zip(rows, lap, strict=True)]
         joint = np.array([j for j in jpull if j is not None])
         ratio = float(np.mean([ph[name]["sd"] for ph in phys])) / _prior_sd(prior, name)
         p = {"muse_pull_mean": float(muse.mean()), "muse_pull_sd": float(muse.std(ddof=1)),
+             "root_pull_mean": float(root.mean()), "root_pull_sd": float(root.std(ddof=1)),
              "muse_quantile_pull_mean": float(quant.mean()), "muse_quantile_pull_sd": float(quant.std(ddof=1)),
              "muse_sd_over_prior_sd": ratio,
              "muse_mc_sd_over_sd": float(np.mean([r["muse"]["mc_sd"][name] / ph[name]["sd"]
@@ -239,8 +248,8 @@ def report(out: Path, overrides: list[str], keep: Path | None = None) -> dict:
                            and abs(p["muse_pull_sd"] - 1) < res["criterion"]["sd_within"])
         res["params"][name] = p
         res.setdefault("per_mock", {str(i): {} for i in index})
-        for i, mp, jp in zip(index, muse, jpull, strict=True):
-            res["per_mock"][str(i)][name] = {"muse_pull": float(mp), "joint_pull": jp}
+        for i, mp, rp, jp in zip(index, muse, root, jpull, strict=True):
+            res["per_mock"][str(i)][name] = {"muse_pull": float(mp), "root_pull": float(rp), "joint_pull": jp}
     res["not_converged"] = sum(not r["muse"]["converged"] for r in rows)
     res["not_converged_mocks"] = [i for i, r in zip(index, rows, strict=True) if not r["muse"]["converged"]]
     res["mock_indices"] = index
@@ -265,6 +274,9 @@ def figure(res: dict, path: Path) -> Path:
         muse = [res["per_mock"][i][name]["muse_pull"] for i in mocks]
         p = res["params"][name]
         ax.plot(x, muse, "o", color="C1", label=f"MUSE: mean {p['muse_pull_mean']:+.2f}, sd {p['muse_pull_sd']:.2f}")
+        if "root_pull_mean" in p:  # the root of F, with the same sd
+            ax.plot(x + 0.2, [res["per_mock"][i][name]["root_pull"] for i in mocks], ".", color="C0",
+                    label=f"MUSE's root: mean {p['root_pull_mean']:+.2f}, sd {p['root_pull_sd']:.2f}")
         joint = [(int(i), res["per_mock"][i][name]["joint_pull"]) for i in mocks
                  if res["per_mock"][i][name]["joint_pull"] is not None]
         if joint:

@@ -50,7 +50,7 @@ MAP_MAY_CHANGE = ("inference.map.steps", "inference.map.tol", "inference.map.pat
                   "inference.map.checkpoint_every", "inference.map.laplace", "inference.map.cg_tol",
                   "inference.map.cg_maxiter", "inference.map.compare_truth", "inference.map.estimator",
                   "inference.map.muse.iterations", "inference.map.muse.spread",
-                  "inference.map.muse.j_sims", *SAMPLER, *DIAGNOSE, "init",
+                  "inference.map.muse.j_sims", "inference.map.muse.estimate", *SAMPLER, *DIAGNOSE, "init",
                   *PLACEMENT, "mock", *MODEL_NEUTRAL)
 # chains of one posterior: the start differs between chains on purpose (R-hat compares chains
 # from spread starts), and both sampler layouts sample the same posterior
@@ -115,7 +115,8 @@ def unread(cfg: dict) -> set[str]:
 ADDED = {"inference.mclmc_energy_error": 5e-4, "inference.projections": 0, "lensing.planes": "mesh",
          "lensing.subparticles": 1, "lensing.pgd_alpha": 0.0, "lensing.pgd_mu": 0.0, "lensing.pgd_kl": 0.4,
          "lensing.pgd_ks": 1.0, "lensing.ell_max": None, "inference.map.muse.h_steps": None,
-         "inference.map.muse.start": None, "inference.map.muse.j_sims": None, "simulation.assignment": "cic"}
+         "inference.map.muse.start": None, "inference.map.muse.j_sims": None, "simulation.assignment": "cic",
+         "inference.map.muse.estimate": "root"}
 ABSENT = "<absent>"
 _ABSENT = object()
 

@@ -28,8 +28,16 @@ iteration, ``theta <- theta + (H + I)^-1 F(theta)`` (then corrected by Broyden's
 
 Covariance: ``Sigma = (H^T J^-1 H + I)^-1``, the likelihood's ``H^-1 J H^-T`` combined with the
 standard-normal prior. For a Gaussian field observed linearly (``simulation.forward=linear``)
-the score ``g`` is, up to a constant, the marginal likelihood's own score, so MUSE is then the
-marginal posterior's mode; tests/infer/test_muse.py holds it against fli.infer.exact.
+the score ``g`` is, up to a constant, the marginal likelihood's own score, so the root of F is
+then the marginal posterior's mode; tests/infer/test_muse.py holds it against fli.infer.exact.
+
+**The estimate** (``inference.map.muse.estimate``): ``posterior`` (the default) reports the mean
+of the Gaussian posterior given the score at the last point, whose covariance is Sigma
+(:func:`~fli.infer.muse_result.posterior_given_score`); ``root`` reports the root of F. The two
+agree where ``J = H``; where the score at the field's MAP scatters more than it responds
+(``J > H``, a parameter the data barely constrain: Omega_c on tiny PM) the root lies further
+from the prior than Sigma allows, and only the posterior's mean is calibrated over mocks drawn
+from the prior. The root is reported beside it (``theta_root_z``).
 
 **theta is standardised** (``theta_z``, a priori N(0, I), fli.infer.priors): the prior's score
 and Hessian are then ``-theta`` and ``-I``, bounded priors have no edges for Newton's step to
@@ -37,9 +45,12 @@ cross, and a finite-difference step means the same fraction of the prior for eve
 :meth:`~fli.infer.muse_result.MuseResult.physical` pushes that Gaussian through the prior transform and reports its
 moments (and Omega_m and S8).
 
-**Monte Carlo error.** ``N`` simulations leave ``theta_MUSE`` an error of covariance
-``(H + I)^-1 J (H + I)^-T / N`` (``MuseResult.mc_cov``). The covariance's own Monte Carlo
-error is given by resampling the simulations (:meth:`MuseResult.bootstrap_sd`).
+**Monte Carlo error.** ``N`` simulations' mean score leaves the root an error of covariance
+``(H + I)^-1 J (H + I)^-T / N``, and the posterior's mean one of ``P^-1 H^T J^-1 H P^-1 / N``
+(``MuseResult.mc_cov_z``). The posterior's mean also rests on H and J through ``H^T J^-1``:
+:meth:`MuseResult.theta_bootstrap_sd` resamples the simulations and carries all three (on a
+tiny-TSC-like model, Omega_c's error is 1.8x what the mean score alone gives). The
+covariance's own Monte Carlo error is given by resampling too (:meth:`MuseResult.bootstrap_sd`).
 
 Each simulation ``i`` draws its white noise and shape noise from ``fold_in(key, i)`` at every
 iteration (common random numbers: ``F`` is then a smooth function of theta, and the iteration
@@ -59,7 +70,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from fli.infer.model import Data, Latents, Posterior
-from fli.infer.muse_result import MuseResult, covariance
+from fli.infer.muse_result import MuseResult, covariance, posterior_given_score
 from fli.lensing import KAPPA_SPEC
 from fli.sharding import field_leaf_shardings, replicated_to_host, white_noise
 
@@ -411,17 +422,23 @@ class Muse:
         h, jm = h_cols.mean(0), np.cov(g_j.T).reshape(n, n)
         cov = covariance(h, jm)
         bi = np.linalg.inv(b)
-        # the last step with the iteration's own n_sims: the estimate stays the root of the iteration's
+        # the last step with the iteration's own n_sims: the root stays the root of the iteration's
         # F, so that a run started there (inference.map.muse.start) stops at once
-        step = _capped(bi @ (g_d - g_s.mean(0) - theta))
+        root = theta + _capped(bi @ (g_d - g_s.mean(0) - theta))
         if not converged:
             self.log.warning("MUSE did not converge in inference.map.muse.iterations = %d: the last Newton step was "
                              "%s MUSE sd (tol %g); raise it to continue", cfg.iterations,
                              np.round(history[-1]["step_over_sd"], 3).tolist(), cfg.tol)
-        # the estimate moves by b^-1 times an error of the simulations' mean score (covariance J / N)
-        return MuseResult(tuple(self.post.names), theta + step, cov, h, jm, bi @ jm @ bi.T / cfg.n_sims, g_j, g_d,
-                          h_cols, history, converged, sum(self.used.values()), time.perf_counter() - t0,
-                          self.grad_evals)
+        estimate = getattr(cfg, "estimate", "posterior")
+        if estimate == "posterior":  # the posterior's mean given the score at the last point (its docstring)
+            est, mc = posterior_given_score(h, jm, g_d - g_s.mean(0), theta, cfg.n_sims)
+            self.log.info("MUSE: the posterior's mean given the score, theta_z %s; the root of F %s (%s MUSE sd "
+                          "apart)", np.round(est, 4).tolist(), np.round(root, 4).tolist(),
+                          np.round(np.abs(est - root) / np.sqrt(np.diag(cov)), 3).tolist())
+        else:  # the root moves by b^-1 times an error of the simulations' mean score (covariance J / N)
+            est, mc = root, bi @ jm @ bi.T / cfg.n_sims
+        return MuseResult(tuple(self.post.names), est, cov, h, jm, mc, g_j, g_d, h_cols, history, converged,
+                          sum(self.used.values()), time.perf_counter() - t0, self.grad_evals, root, estimate)
 
     def _remedy(self, key: str) -> str:
         """What would let the fits converge: CIC's kinks of U stall them on the PM forward

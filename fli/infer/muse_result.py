@@ -41,6 +41,49 @@ def covariance(h: np.ndarray, j: np.ndarray) -> np.ndarray:
         raise refuse from None
 
 
+def posterior_given_score(h: np.ndarray, j: np.ndarray, s: np.ndarray, theta: np.ndarray,
+                          n_sims: int) -> tuple[np.ndarray, np.ndarray]:
+    """The mean of theta's Gaussian posterior given the MUSE score, and its Monte Carlo covariance.
+
+    ``s = g(theta, d) - <g(theta, x_i)>`` is taken at ``theta`` (prior not included). Linearised
+    there, ``s`` given the true ``t`` is ``N(H (t - theta), J)``: its mean moves as H and it
+    scatters as J over data sets. With the standard-normal prior of t, the posterior has
+    precision ``P = H^T J^-1 H + I`` (the inverse of :func:`covariance`, MUSE's reported
+    covariance) and mean ``P^-1 H^T J^-1 (s + H theta)``: that mean is what this returns.
+
+    Where ``J = H`` (the marginal likelihood's own score, as on the linear forward) the mean is
+    the root of ``s(theta) - theta``, Millea & Seljak's estimate with the prior (a Newton step
+    with ``H + I`` lands on it). Where ``J`` exceeds ``H`` (the score at the field's MAP carries
+    less information than its scatter; on tiny TSC PM, Omega_c's H is 0.33 and its J 0.57-1.2)
+    the root moves ``(H + I)^-1 s`` from the prior's median while the posterior given s moves
+    only ``P^-1 H^T J^-1 s``: the root then lies too far from the prior for the width reported
+    beside it, and its pulls over mocks drawn from the prior have an sd above 1.
+
+    The Monte Carlo covariance is that of the simulations' mean score (``J / n_sims``)
+    carried through: ``P^-1 H^T J^-1 H P^-1 / n_sims``. The noise of H and J themselves is
+    in :meth:`MuseResult.bootstrap_sd`.
+    """
+    h, j = np.asarray(h, np.float64), np.asarray(j, np.float64)
+    cov = covariance(h, j)
+    w = np.linalg.solve(j, h).T  # H^T J^-1 (J symmetric)
+    mean = cov @ w @ (np.asarray(s, np.float64) + h @ np.asarray(theta, np.float64))
+    return mean, cov @ w @ h @ cov / n_sims
+
+
+def estimates_of_record(muse: dict) -> dict[str, np.ndarray]:
+    """Both estimates, ``{"root": ..., "posterior": ...}`` (standardised latents), from a map.json
+    ``muse`` block, whichever ``estimate`` wrote it: blocks written before the posterior's mean
+    existed hold the root as ``theta_z``. The posterior's mean is taken as the run took it, from
+    the last iteration's point and F (``s = F + theta``) with the block's H and J."""
+    last = muse["history"][-1]
+    theta = np.asarray(last["theta_z"], np.float64)
+    s = np.asarray(last["F"], np.float64) + theta
+    post, _ = posterior_given_score(np.asarray(muse["H"]), np.asarray(muse["J"]), s, theta,
+                                    muse["settings"]["n_sims"])
+    root = muse.get("theta_root_z") or muse["theta_z"]
+    return {"root": np.asarray(root, np.float64), "posterior": post}
+
+
 @dataclasses.dataclass
 class MuseResult:
     """The MUSE estimate in the standardised latents and what it was made of.
@@ -48,9 +91,15 @@ class MuseResult:
     Attributes:
         names: the sampled parameters.
         theta_z: ``[n]`` the estimate; cov_z: ``[n, n]`` its covariance (prior included).
+            With ``estimate`` "posterior" (the default) theta_z is the mean of the Gaussian
+            posterior given the MUSE score (:func:`posterior_given_score`); with "root", the
+            root of ``F``.
+        theta_root_z: ``[n]`` the root of ``F(theta) = g(theta, d) - <g(theta, x_i)> - theta``
+            (Newton's last step); ``inference.map.muse.start`` there resumes the iteration.
         h, j: ``[n, n]`` the last H (finite differences) and J (scores' covariance).
         mc_cov_z: ``[n, n]`` the Monte Carlo covariance of ``theta_z`` from the n_sims
             simulations of its last mean score.
+        estimate: "posterior" or "root", which of the two theta_z is.
         sim_scores: ``[N, n]`` the simulations' scores at the last evaluation (``j_sims`` of them);
             data_score ``[n]``.
         h_columns: ``[N, n, n]`` each simulation's finite-difference columns of H (for the bootstrap).
@@ -74,6 +123,8 @@ class MuseResult:
     grad_evals: int
     seconds: float
     grad_evals_here: int = 0
+    theta_root_z: np.ndarray | None = None
+    estimate: str = "root"
 
     @property
     def sd_z(self) -> np.ndarray:
@@ -110,6 +161,33 @@ class MuseResult:
             except FloatingPointError:  # few distinct simulations in the resample (small N): J singular
                 singular += 1
                 if singular > 10 * n_boot:  # nearly every resample: report no error rather than loop
+                    return np.full(len(self.names), np.nan)
+        return np.std(np.asarray(out), axis=0, ddof=1)
+
+    def theta_bootstrap_sd(self, n_boot: int = 200, seed: int = 0) -> np.ndarray:
+        """The Monte Carlo sd of each of ``theta_z`` over resamplings of the simulations: the
+        estimate made again at the last point from each resample's mean score and H (the first
+        n_sims simulations, paired) and J (its j_sims). Beside ``mc_cov_z``, which carries the
+        mean score's noise alone, this carries H's and J's too: the posterior's mean depends on
+        them through ``H^T J^-1``, most where a parameter's H is small."""
+        rng = np.random.default_rng(seed)
+        theta = np.asarray(self.history[-1]["theta_z"], np.float64)
+        b = np.asarray(self.history[-1]["newton_matrix"], np.float64)
+        nh, n = self.h_columns.shape[0], self.sim_scores.shape[0]
+        out, singular = [], 0
+        while len(out) < n_boot:
+            ih = rng.integers(0, nh, nh)
+            idx = ih if n == nh else rng.integers(0, n, n)
+            s = self.data_score - self.sim_scores[:nh][ih].mean(0)
+            if self.estimate == "root":
+                out.append(theta + np.linalg.solve(b, s - theta))
+                continue
+            try:
+                j = np.cov(self.sim_scores[idx].T).reshape(len(self.names), len(self.names))
+                out.append(posterior_given_score(self.h_columns[ih].mean(0), j, s, theta, nh)[0])
+            except FloatingPointError:  # J singular in a resample of few distinct simulations
+                singular += 1
+                if singular > 10 * n_boot:
                     return np.full(len(self.names), np.nan)
         return np.std(np.asarray(out), axis=0, ddof=1)
 

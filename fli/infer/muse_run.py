@@ -36,14 +36,18 @@ ITERATIONS = "muse_iterations.jsonl"
 FIELD = "muse_field.zarr"  # the data's field MAP at the estimate: a chain's start (fli.infer.start)
 
 MUSE_NOTE = (
-    "MUSE (Millea & Seljak 2022): the estimate solves g(theta, d) - <g(theta, x_i)> - theta = 0, where g is "
+    "MUSE (Millea & Seljak 2022): the MUSE score s(theta) = g(theta, d) - <g(theta, x_i)>, where g is "
     "the joint likelihood's score in the standardised parameters at the field's MAP with theta held fixed, "
-    "and x_i are n_sims simulations at theta. It is unbiased whatever the field MAP is, and its covariance "
-    "(H^T J^-1 H + I)^-1 includes the prior. That covariance is a Gaussian in the standardised "
+    "and x_i are n_sims simulations at theta, has mean zero at the true theta whatever the field MAP is. "
+    "theta_root_z solves s(theta) - theta = 0 (the prior's score added). theta_z is, with estimate "
+    "'posterior', the mean of theta's Gaussian posterior given s at that point (s moving as H and scattering "
+    "as J), whose covariance (H^T J^-1 H + I)^-1 includes the prior; with estimate 'root', theta_root_z. The "
+    "two agree where J = H. That Gaussian lives in the standardised "
     "parameters: params, sd and cov are its mean and covariance pushed through the prior transform, median "
     "and interval68 the estimate and its central 68 % interval through it. mc_sd is the Monte Carlo error of "
-    "the estimate from the finite number of simulations; sd_z_bootstrap_sd the Monte Carlo error of sd_z "
-    "(resampling the simulations).")
+    "the estimate from the finite number of simulations' mean score (mc_sd_z in the latents); "
+    "theta_z_bootstrap_sd the Monte Carlo error of theta_z with H's and J's noise too, and "
+    "sd_z_bootstrap_sd that of sd_z (both resampling the simulations).")
 
 
 class JsonlStore(ScoreStore):
@@ -209,8 +213,11 @@ def muse_block(res: MuseResult, post, settings, truth: dict | None) -> dict:
     out = {"estimator": "muse", "description": MUSE_NOTE, "params": phys["value"], "sd": phys["sd"],
            "cov": phys["cov"], "cov_names": phys["names"], "median": phys["median"],
            "interval68": phys["interval68"], "mc_sd": phys["mc_sd"],
-           "theta_z": res.theta_z.tolist(), "cov_z": res.cov_z.tolist(), "sd_z": res.sd_z.tolist(),
+           "estimate": res.estimate, "theta_z": res.theta_z.tolist(),
+           "theta_root_z": None if res.theta_root_z is None else res.theta_root_z.tolist(),
+           "cov_z": res.cov_z.tolist(), "sd_z": res.sd_z.tolist(),
            "sd_z_bootstrap_sd": boot.tolist(), "mc_sd_z": np.sqrt(np.diag(res.mc_cov_z)).tolist(),
+           "theta_z_bootstrap_sd": res.theta_bootstrap_sd().tolist(),
            "H": res.h.tolist(), "H_se": res.h_se.tolist(), "h_unresolved": res.unresolved(),
            "J": res.j.tolist(), "converged": res.converged,
            "iterations": len(res.history), "history": res.history, "grad_evals": res.grad_evals,

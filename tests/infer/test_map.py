@@ -66,6 +66,7 @@ def _run(args, **kw):
     (["inference.map.estimator=muse", "prior.sample=[]"], "inference.map.estimator=muse"),
     (["inference.map.estimator=mu"], "inference.map.estimator"),
     (["inference.map.muse.spread=nodes"], "inference.map.muse.spread"),
+    (["inference.map.muse.estimate=mean"], "inference.map.muse.estimate"),
     (["inference.map.muse.h_steps=0"], "inference.map.muse.h_steps"),
     (["inference.map.muse.n_sims=8", "inference.map.muse.j_sims=6"], "inference.map.muse.j_sims"),
     (["inference.map.muse.start=[0.1,nan]"], "inference.map.muse.start"),

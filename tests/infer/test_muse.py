@@ -155,7 +155,10 @@ def muse_run(linear):
     from fli.infer.muse import Muse
 
     cfg, post, data, _ = linear
-    settings = SimpleNamespace(n_sims=32, j_sims=40, iterations=8, tol=0.05, fd_step=0.05, map_steps=1000, gtol=1e-4)
+    # estimate "root": on the linear forward the root of F is the exact marginal mode (the tests
+    # below); the posterior's mean given the score is tests/infer/test_muse_estimate.py's
+    settings = SimpleNamespace(n_sims=32, j_sims=40, iterations=8, tol=0.05, fd_step=0.05, map_steps=1000, gtol=1e-4,
+                               estimate="root")
     m = Muse(post, data, settings, cfg.inference.map, seed=0)
     return m, m.run(np.zeros(2))
 
@@ -282,19 +285,25 @@ def test_fli_map_muse_reports_both_estimators_resumes_fit_by_fit_and_starts_wher
     assert again["grad_evals"] > 0.9 * m["grad_evals"] and m["grad_evals_this_run"] == m["grad_evals"]
     d = np.asarray(again["theta_z"]) - np.asarray(m["theta_z"])
     assert np.all(np.abs(d) < 0.02 * np.asarray(m["sd_z"])), (again["theta_z"], m["theta_z"])
-    # inference.map.muse.start at the estimate: the root is where it was, so the first Newton
-    # step is already below tol (0.05 sd) and the run ends after one iteration, at a fraction
-    # of the cost from the prior's median
+    # inference.map.muse.start at the root of F (theta_z is the posterior's mean given the score,
+    # the default estimate): the root is where it was, so the first Newton step is already below
+    # tol (0.05 sd) and the run ends after one iteration, at a fraction of the cost from the
+    # prior's median
+    assert m["estimate"] == "posterior" and len(m["theta_root_z"]) == 2
+    from fli.infer.muse_result import estimates_of_record  # the reports' reading of a record: the run's own
+
+    np.testing.assert_allclose(estimates_of_record(m)["posterior"], m["theta_z"], rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(estimates_of_record(m)["root"], m["theta_root_z"])
     started = tmp_path / "started"
-    z = ",".join(f"{v:.6f}" for v in m["theta_z"])
+    z = ",".join(f"{v:.6f}" for v in m["theta_root_z"])
     with caplog.at_level(logging.INFO, logger="fli"):
         assert map_main([*(a for a in args if not a.startswith("run_dir=")), f"run_dir={started}",
                          f"inference.map.muse.start=[{z}]"]) == 0
-    assert f"from theta_z = {np.round(m['theta_z'], 4).tolist()} (inference.map.muse.start)" in caplog.text
+    assert f"from theta_z = {np.round(m['theta_root_z'], 4).tolist()} (inference.map.muse.start)" in caplog.text
     s = json.loads((started / "map.json").read_text())["muse"]
     assert s["converged"] and s["iterations"] == 1 < m["iterations"], (s["iterations"], m["iterations"])
-    d = np.asarray(s["theta_z"]) - np.asarray(m["theta_z"])
-    assert np.all(np.abs(d) < 0.05 * np.asarray(m["sd_z"])), (s["theta_z"], m["theta_z"])
+    d = np.asarray(s["theta_root_z"]) - np.asarray(m["theta_root_z"])
+    assert np.all(np.abs(d) < 0.05 * np.asarray(m["sd_z"])), (s["theta_root_z"], m["theta_root_z"])
     assert s["grad_evals"] < 0.7 * m["grad_evals"], (s["grad_evals"], m["grad_evals"])
 
 

@@ -166,6 +166,11 @@ def test_calibration_report_lists_each_mocks_pulls_and_draws_them(cal, tmp_path)
         assert res["params"][name]["muse_pull_mean"] == pytest.approx(sum(pulls) / 2)
         assert res["params"][name]["muse_pull_sd"] == pytest.approx(abs(pulls[0] - pulls[1]) / 2 ** 0.5)
     d = json.loads((keep / "map_001.json").read_text())
+    # these records predate the posterior's mean given the score: their theta_z is the root, and
+    # its pull, recomputed, is the one fli-map wrote then (the same pushforward; 200000 draws do
+    # not enter the mean)
+    for name in cal.PARAMS:
+        assert res["per_mock"]["1"][name]["root_pull"] == pytest.approx(d["muse"]["pull"][name], abs=1e-6)
     want = (d["params"]["sigma8"] - d["truth"]["sigma8"]) / d["laplace"]["marginal"]["std"]["sigma8"]
     assert res["per_mock"]["1"]["sigma8"]["joint_pull"] == pytest.approx(want)
     assert res["per_mock"]["1"]["S8"]["joint_pull"] is None  # no Laplace sd of S8 in map.json
