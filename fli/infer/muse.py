@@ -13,8 +13,9 @@ score on simulations:
 * ``F(theta) = g(theta, d) - <g(theta, x_i)>_i - theta``: the data's score minus its mean over
   ``N`` simulations ``x_i ~ p(x | theta)``, plus the score of theta's standard-normal prior.
 
-The estimate solves ``F(theta) = 0``. Its expectation over data drawn at theta is zero by
-construction, whatever the field's MAP is: that is the estimator's unbiasedness. Newton's
+The iteration finds the root of ``F``. The score without the prior, ``F(theta) + theta``, has
+expectation zero over data drawn at theta by construction, whatever the field's MAP is: that
+is the estimator's unbiasedness (what is reported is below, "The estimate"). Newton's
 iteration, ``theta <- theta + (H + I)^-1 F(theta)`` (then corrected by Broyden's update), with
 
 * ``H = d <g(theta, x)>_{x ~ p(x | theta')} / d theta'`` at ``theta' = theta``: the

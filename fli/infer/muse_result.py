@@ -61,7 +61,7 @@ def posterior_given_score(h: np.ndarray, j: np.ndarray, s: np.ndarray, theta: np
 
     The Monte Carlo covariance is that of the simulations' mean score (``J / n_sims``)
     carried through: ``P^-1 H^T J^-1 H P^-1 / n_sims``. The noise of H and J themselves is
-    in :meth:`MuseResult.bootstrap_sd`.
+    in :meth:`MuseResult.theta_bootstrap_sd`.
     """
     h, j = np.asarray(h, np.float64), np.asarray(j, np.float64)
     cov = covariance(h, j)
