@@ -199,7 +199,8 @@ class MuseResult:
         transform (:func:`fli.infer.priors.gaussian_pushforward`), not the delta method: where
         the latent width is a fair part of the prior's (Omega_c on tiny, sd_z 0.5-0.8), the
         delta method at the estimate overstates a uniform prior's width by up to 1.38x.
-        ``median`` is the estimate itself through the transform, and ``interval68`` the
+        ``median`` is the estimate itself through the transform (``root_median`` the root of F
+        through it, where the estimate is the posterior's mean), and ``interval68`` the
         Gaussian's central 68 % interval through it (exact for the sampled parameters, each a
         monotone function of its own latent). ``mc_sd``, the estimate's Monte Carlo error, is
         first order in that error (delta method), which is small.
@@ -216,6 +217,8 @@ class MuseResult:
         sd = lambda c: {k: float(math.sqrt(max(c[i, i], 0.0))) for i, k in enumerate(names)}
         lo, hi = (np.asarray(post.prior(jnp.asarray(self.theta_z + sign * self.sd_z, dt)), np.float64)
                   for sign in (-1, 1))
+        root = None if self.theta_root_z is None else {
+            k: float(v) for k, v in post.params(jnp.asarray(self.theta_root_z, dt)).items()}
         return {"names": names, "value": {k: float(mean[i]) for i, k in enumerate(names)}, "sd": sd(cov),
-                "cov": cov.tolist(), "median": median, "mc_sd": sd(mc),
+                "cov": cov.tolist(), "median": median, "root_median": root, "mc_sd": sd(mc),
                 "interval68": {k: [float(lo[i]), float(hi[i])] for i, k in enumerate(post.names)}}

@@ -215,6 +215,7 @@ def muse_block(res: MuseResult, post, settings, truth: dict | None) -> dict:
            "interval68": phys["interval68"], "mc_sd": phys["mc_sd"],
            "estimate": res.estimate, "theta_z": res.theta_z.tolist(),
            "theta_root_z": None if res.theta_root_z is None else res.theta_root_z.tolist(),
+           "root_median": phys["root_median"],
            "cov_z": res.cov_z.tolist(), "sd_z": res.sd_z.tolist(),
            "sd_z_bootstrap_sd": boot.tolist(), "mc_sd_z": np.sqrt(np.diag(res.mc_cov_z)).tolist(),
            "theta_z_bootstrap_sd": res.theta_bootstrap_sd().tolist(),
@@ -225,6 +226,7 @@ def muse_block(res: MuseResult, post, settings, truth: dict | None) -> dict:
            "seconds": res.seconds, "settings": dataclasses.asdict(settings),
            "units": "params, sd, cov: the mean and covariance of MUSE's latent Gaussian pushed through the prior "
                     "transform; median, interval68: the estimate and its central 68 % interval through it; "
+                    "root_median: theta_root_z through it; "
                     "mc_sd: delta method; *_z: standardised latents; H_se: H's Monte Carlo standard error; "
                     f"h_unresolved: the parameters whose diagonal of H is not above {H_RESOLVED:g} H_se (their sd "
                     "leans on the prior); "
@@ -255,6 +257,9 @@ def estimates_figure(out: dict, path: Path) -> Path:
             ax.plot([lo, hi], [1.15, 1.15], color="C0", lw=4, alpha=0.5, solid_capstyle="butt",
                     label="MUSE 68 % interval")
             ax.plot([muse["median"][k]], [1.15], "|", color="C0", ms=10)
+        if (muse.get("root_median") or {}).get(k) is not None and muse.get("estimate") == "posterior":
+            ax.plot([muse["root_median"][k]], [1.3], "v", color="C0", mfc="none", ms=6,
+                    label="MUSE's root of F (estimate=root)")
         ax.errorbar([out["params"][k]], [0], xerr=[lap[k]] if k in lap else None, fmt="s", color="C1", capsize=3,
                     label="joint MAP" + (" (Laplace)" if k in lap else ""))
         if k in (out.get("truth") or {}):

@@ -294,6 +294,7 @@ def test_fli_map_muse_reports_both_estimators_resumes_fit_by_fit_and_starts_wher
 
     np.testing.assert_allclose(estimates_of_record(m)["posterior"], m["theta_z"], rtol=1e-9, atol=1e-12)
     np.testing.assert_array_equal(estimates_of_record(m)["root"], m["theta_root_z"])
+    assert set(m["root_median"]) == set(m["median"]) and len(m["theta_z_bootstrap_sd"]) == 2
     started = tmp_path / "started"
     z = ",".join(f"{v:.6f}" for v in m["theta_root_z"])
     with caplog.at_level(logging.INFO, logger="fli"):
