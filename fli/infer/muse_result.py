@@ -165,11 +165,16 @@ class MuseResult:
         return np.std(np.asarray(out), axis=0, ddof=1)
 
     def theta_bootstrap_sd(self, n_boot: int = 200, seed: int = 0) -> np.ndarray:
-        """The Monte Carlo sd of each of ``theta_z`` over resamplings of the simulations: the
+        """The Monte Carlo sd of each of ``theta_z``: :meth:`theta_bootstrap_cov`'s diagonal."""
+        return np.sqrt(np.diag(self.theta_bootstrap_cov(n_boot, seed)))
+
+    def theta_bootstrap_cov(self, n_boot: int = 200, seed: int = 0) -> np.ndarray:
+        """The Monte Carlo covariance of ``theta_z`` over resamplings of the simulations: the
         estimate made again at the last point from each resample's mean score and H (the first
         n_sims simulations, paired) and J (its j_sims). Beside ``mc_cov_z``, which carries the
         mean score's noise alone, this carries H's and J's too: the posterior's mean depends on
-        them through ``H^T J^-1``, most where a parameter's H is small."""
+        them through ``H^T J^-1``, most where a parameter's H is small. NaN where nearly every
+        resample leaves J singular (a handful of simulations)."""
         rng = np.random.default_rng(seed)
         theta = np.asarray(self.history[-1]["theta_z"], np.float64)
         b = np.asarray(self.history[-1]["newton_matrix"], np.float64)
@@ -188,10 +193,10 @@ class MuseResult:
             except FloatingPointError:  # J singular in a resample of few distinct simulations
                 singular += 1
                 if singular > 10 * n_boot:
-                    return np.full(len(self.names), np.nan)
-        return np.std(np.asarray(out), axis=0, ddof=1)
+                    return np.full((len(self.names),) * 2, np.nan)
+        return np.cov(np.asarray(out).T).reshape(len(self.names), len(self.names))
 
-    def physical(self, post: Posterior) -> dict:
+    def physical(self, post: Posterior, mc_cov: np.ndarray | None = None) -> dict:
         """``{"value", "sd", "cov", "median", "interval68", "mc_sd", "names"}`` of the sampled
         parameters and Omega_m, S8, from MUSE's Gaussian in the standardised latents.
 
@@ -203,7 +208,8 @@ class MuseResult:
         through it, where the estimate is the posterior's mean), and ``interval68`` the
         Gaussian's central 68 % interval through it (exact for the sampled parameters, each a
         monotone function of its own latent). ``mc_sd``, the estimate's Monte Carlo error, is
-        first order in that error (delta method), which is small.
+        ``mc_cov`` (default ``mc_cov_z``, the mean score's part) through the transform to first
+        order (delta method), the error being small.
         """
         dt = post.fwd.grid.jdtype
         th = jnp.asarray(self.theta_z, dt)
@@ -213,7 +219,7 @@ class MuseResult:
         batch = jax.jit(jax.vmap(lambda t: stack(jnp.asarray(t, dt))))
         mean, cov = gaussian_pushforward(self.theta_z, self.cov_z, batch)
         jac = np.asarray(jax.jacfwd(stack)(th), np.float64)
-        mc = jac @ self.mc_cov_z @ jac.T
+        mc = jac @ (self.mc_cov_z if mc_cov is None else mc_cov) @ jac.T
         sd = lambda c: {k: float(math.sqrt(max(c[i, i], 0.0))) for i, k in enumerate(names)}
         lo, hi = (np.asarray(post.prior(jnp.asarray(self.theta_z + sign * self.sd_z, dt)), np.float64)
                   for sign in (-1, 1))

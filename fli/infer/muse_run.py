@@ -45,9 +45,9 @@ MUSE_NOTE = (
     "two agree where J = H. That Gaussian lives in the standardised "
     "parameters: params, sd and cov are its mean and covariance pushed through the prior transform, median "
     "and interval68 the estimate and its central 68 % interval through it. mc_sd is the Monte Carlo error of "
-    "the estimate from the finite number of simulations' mean score (mc_sd_z in the latents); "
-    "theta_z_bootstrap_sd the Monte Carlo error of theta_z with H's and J's noise too, and "
-    "sd_z_bootstrap_sd that of sd_z (both resampling the simulations).")
+    "the estimate from the finite number of simulations, by resampling them (their mean score, H and J; "
+    "theta_z_bootstrap_sd in the latents); mc_sd_z the mean score's part alone; sd_z_bootstrap_sd the "
+    "Monte Carlo error of sd_z (resampling the simulations too).")
 
 
 class JsonlStore(ScoreStore):
@@ -208,7 +208,10 @@ def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
 
 def muse_block(res: MuseResult, post, settings, truth: dict | None) -> dict:
     """map.json's ``muse`` block: every number in it is MUSE's."""
-    phys = res.physical(post)
+    boot_cov = res.theta_bootstrap_cov()  # the estimate's Monte Carlo error with H's and J's noise
+    if not np.all(np.isfinite(boot_cov)):  # too few simulations to resample: the mean score's part
+        boot_cov = res.mc_cov_z
+    phys = res.physical(post, mc_cov=boot_cov)
     boot = res.bootstrap_sd()
     out = {"estimator": "muse", "description": MUSE_NOTE, "params": phys["value"], "sd": phys["sd"],
            "cov": phys["cov"], "cov_names": phys["names"], "median": phys["median"],
@@ -218,7 +221,7 @@ def muse_block(res: MuseResult, post, settings, truth: dict | None) -> dict:
            "root_median": phys["root_median"],
            "cov_z": res.cov_z.tolist(), "sd_z": res.sd_z.tolist(),
            "sd_z_bootstrap_sd": boot.tolist(), "mc_sd_z": np.sqrt(np.diag(res.mc_cov_z)).tolist(),
-           "theta_z_bootstrap_sd": res.theta_bootstrap_sd().tolist(),
+           "theta_z_bootstrap_sd": np.sqrt(np.diag(boot_cov)).tolist(),
            "H": res.h.tolist(), "H_se": res.h_se.tolist(), "h_unresolved": res.unresolved(),
            "J": res.j.tolist(), "converged": res.converged,
            "iterations": len(res.history), "history": res.history, "grad_evals": res.grad_evals,
@@ -227,7 +230,9 @@ def muse_block(res: MuseResult, post, settings, truth: dict | None) -> dict:
            "units": "params, sd, cov: the mean and covariance of MUSE's latent Gaussian pushed through the prior "
                     "transform; median, interval68: the estimate and its central 68 % interval through it; "
                     "root_median: theta_root_z through it; "
-                    "mc_sd: delta method; *_z: standardised latents; H_se: H's Monte Carlo standard error; "
+                    "mc_sd: the bootstrap's covariance through the transform (delta method); "
+                    "*_z: standardised latents; "
+                    "H_se: H's Monte Carlo standard error; "
                     f"h_unresolved: the parameters whose diagonal of H is not above {H_RESOLVED:g} H_se (their sd "
                     "leans on the prior); "
                     "grad_evals: of every fit the estimate used (all processes, before any resume); "
