@@ -144,25 +144,39 @@ class MuseResult:
         d, se = np.diag(self.h), np.diag(self.h_se)
         return [n for n, v, e in zip(self.names, d, se, strict=True) if not v > k * e]
 
-    def bootstrap_sd(self, n_boot: int = 200, seed: int = 0) -> np.ndarray:
-        """The Monte Carlo sd of each of ``sd_z`` over resamplings of the simulations (their
-        scores for J, their finite-difference columns for H)."""
+    def _resampled(self, make, n_boot: int, seed: int) -> np.ndarray | None:
+        """``[n_boot, ...]`` of ``make(ih, ij)`` over resamplings of the simulations: ``ih``
+        indexes the first n_sims (those with H's columns and in the mean score), ``ij`` the
+        j_sims scores behind J. Where the two sets are one (j_sims = n_sims) one draw serves both
+        and each simulation stays paired; otherwise each is resampled on its own (the pairing of
+        the first n_sims within J's is dropped, a small part of the error). A resample whose J is
+        singular (few distinct simulations) raises FloatingPointError in ``make`` and is drawn
+        again; None where nearly every one is, rather than looping."""
         rng = np.random.default_rng(seed)
-        n, nh = self.sim_scores.shape[0], self.h_columns.shape[0]
+        nh, n = self.h_columns.shape[0], self.sim_scores.shape[0]
         out, singular = [], 0
         while len(out) < n_boot:
-            idx = rng.integers(0, n, n)
-            # H's columns belong to the first nh simulations; with j_sims > n_sims J has more: each
-            # resampled on its own (the pairing of the first nh is dropped, a small part of the error)
-            ih = idx if nh == n else rng.integers(0, nh, nh)
+            ih = rng.integers(0, nh, nh)
+            ij = ih if n == nh else rng.integers(0, n, n)
             try:
-                j = np.cov(self.sim_scores[idx].T).reshape(len(self.names), len(self.names))  # 0-d for one parameter
-                out.append(np.sqrt(np.diag(covariance(self.h_columns[ih].mean(0), j))))
-            except FloatingPointError:  # few distinct simulations in the resample (small N): J singular
+                out.append(make(ih, ij))
+            except FloatingPointError:
                 singular += 1
-                if singular > 10 * n_boot:  # nearly every resample: report no error rather than loop
-                    return np.full(len(self.names), np.nan)
-        return np.std(np.asarray(out), axis=0, ddof=1)
+                if singular > 10 * n_boot:
+                    return None
+        return np.asarray(out)
+
+    def _j_of(self, ij: np.ndarray) -> np.ndarray:
+        k = len(self.names)
+        return np.cov(self.sim_scores[ij].T).reshape(k, k)  # np.cov is 0-d for one parameter
+
+    def bootstrap_sd(self, n_boot: int = 200, seed: int = 0) -> np.ndarray:
+        """The Monte Carlo sd of each of ``sd_z`` over resamplings of the simulations (their
+        scores for J, their finite-difference columns for H). NaN where nearly every resample
+        leaves J singular."""
+        out = self._resampled(lambda ih, ij: np.sqrt(np.diag(covariance(self.h_columns[ih].mean(0), self._j_of(ij)))),
+                              n_boot, seed)
+        return np.full(len(self.names), np.nan) if out is None else np.std(out, axis=0, ddof=1)
 
     def theta_bootstrap_sd(self, n_boot: int = 200, seed: int = 0) -> np.ndarray:
         """The Monte Carlo sd of each of ``theta_z``: :meth:`theta_bootstrap_cov`'s diagonal."""
@@ -175,26 +189,18 @@ class MuseResult:
         mean score's noise alone, this carries H's and J's too: the posterior's mean depends on
         them through ``H^T J^-1``, most where a parameter's H is small. NaN where nearly every
         resample leaves J singular (a handful of simulations)."""
-        rng = np.random.default_rng(seed)
         theta = np.asarray(self.history[-1]["theta_z"], np.float64)
         b = np.asarray(self.history[-1]["newton_matrix"], np.float64)
-        nh, n = self.h_columns.shape[0], self.sim_scores.shape[0]
-        out, singular = [], 0
-        while len(out) < n_boot:
-            ih = rng.integers(0, nh, nh)
-            idx = ih if n == nh else rng.integers(0, n, n)
+        nh, k = self.h_columns.shape[0], len(self.names)
+
+        def make(ih, ij):
             s = self.data_score - self.sim_scores[:nh][ih].mean(0)
             if self.estimate == "root":
-                out.append(theta + np.linalg.solve(b, s - theta))
-                continue
-            try:
-                j = np.cov(self.sim_scores[idx].T).reshape(len(self.names), len(self.names))
-                out.append(posterior_given_score(self.h_columns[ih].mean(0), j, s, theta, nh)[0])
-            except FloatingPointError:  # J singular in a resample of few distinct simulations
-                singular += 1
-                if singular > 10 * n_boot:
-                    return np.full((len(self.names),) * 2, np.nan)
-        return np.cov(np.asarray(out).T).reshape(len(self.names), len(self.names))
+                return theta + np.linalg.solve(b, s - theta)
+            return posterior_given_score(self.h_columns[ih].mean(0), self._j_of(ij), s, theta, nh)[0]
+
+        out = self._resampled(make, n_boot, seed)
+        return np.full((k, k), np.nan) if out is None else np.cov(out.T).reshape(k, k)
 
     def physical(self, post: Posterior, mc_cov: np.ndarray | None = None) -> dict:
         """``{"value", "sd", "cov", "median", "interval68", "mc_sd", "names"}`` of the sampled
