@@ -261,11 +261,24 @@ def report(out: Path, overrides: list[str], keep: Path | None = None) -> dict:
 def figure(res: dict, path: Path) -> Path:
     """Each mock's pull of MUSE and of the joint MAP, per parameter, against N(0, 1)'s 1 and 2 sd
     bands (a symmetric-log axis: the joint MAP's pulls reach 10-20)."""
-    from fli.plots import pyplot, save_figure  # noqa: PLC0415
+    from fli.plots import save_figure  # noqa: PLC0415
+
+    return save_figure(draw_pulls(res), path)
+
+
+def draw_pulls(res: dict):
+    """:func:`figure`'s matplotlib figure, unsaved."""
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
+    from fli.plots import pyplot  # noqa: PLC0415
 
     plt = pyplot()
     mocks = sorted(res["per_mock"], key=int)
     fig, axes = plt.subplots(1, len(PARAMS), figsize=(4.2 * len(PARAMS), 3.4), sharey=True)
+    # the joint MAP's sigma8 pulls reach 40 on the linear forward: the shared axis grows to hold them
+    pulls = [v for m in res["per_mock"].values() for p in PARAMS for k in ("muse_pull", "root_pull", "joint_pull")
+             if (v := m[p].get(k)) is not None]
+    top = max(25.0, 1.25 * max(map(abs, pulls), default=0.0))
     for ax, name in zip(axes, PARAMS, strict=True):
         x = np.array([int(i) for i in mocks])
         for k, sty in ((2, "0.93"), (1, "0.82")):
@@ -283,15 +296,17 @@ def figure(res: dict, path: Path) -> Path:
             ax.plot(*zip(*joint, strict=True), "x", color="C3",
                     label=f"joint MAP: mean {p['joint_pull_mean']:+.1f}, sd {p['joint_pull_sd']:.1f}")
         ax.set_yscale("symlog", linthresh=3)
-        ax.set_yticks(ticks := [-20, -10, -3, -2, -1, 0, 1, 2, 3, 10, 20], [str(t) for t in ticks])
-        ax.set_ylim(-25, 25)
-        ax.set_xticks(x)
+        ticks = [t for t in (-100, -50, -20, -10, -3, -2, -1, 0, 1, 2, 3, 10, 20, 50, 100) if abs(t) < top]
+        ax.set_yticks(ticks, [str(t) for t in ticks])
+        ax.set_ylim(-top, top)
+        # at most 10 labelled mocks: one label per mock ran together past about 15 (the 50-mock figure)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=10, integer=True))
         ax.set_xlabel("mock")
         ax.set_title(name)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     axes[0].set_ylabel("(estimate - truth) / its sd")
     fig.suptitle(f"{res['mocks']} mocks: " + " ".join(res["overrides"]), fontsize=8)
-    return save_figure(fig, path)
+    return fig
 
 
 def main(argv=None) -> int:

@@ -196,3 +196,28 @@ def test_a_driver_stopped_while_its_command_starts_stops_it_too(tmp_path):
     assert proc.returncode != 0
     with pytest.raises(ProcessLookupError):  # terminated and reaped by the driver before it exited
         os.kill(int(kid.read_text()), 0)
+
+
+def test_the_pull_figure_labels_at_most_ten_mocks_whatever_their_number(cal):
+    """The 50-mock linear figure labelled every mock, and the labels ran into one another; and its
+    y axis stopped at 25 where the joint MAP's sigma8 pulls reach 40, drawing them on the frame.
+    The ticks are counted after a draw, for 3 mocks and for 50 (issue 21's linear calibration)."""
+    from fli.plots import pyplot
+
+    plt = pyplot()
+    for n in (3, 50):
+        per = {"muse_pull": 0.5, "root_pull": 0.4, "joint_pull": 40.0}
+        stats = {"muse_pull_mean": 0.0, "muse_pull_sd": 1.0, "root_pull_mean": 0.0, "root_pull_sd": 1.0,
+                 "joint_pull_mean": 2.0, "joint_pull_sd": 0.0}
+        res = {"mocks": n, "overrides": ["experiment=tiny"], "params": {p: stats for p in cal.PARAMS},
+               "per_mock": {str(i): {p: per for p in cal.PARAMS} for i in range(n)}}
+        for i in range(n):  # as in the reports: no joint pull for S8, and the axes are shared
+            res["per_mock"][str(i)]["S8"] = {**per, "joint_pull": None}
+        fig = cal.draw_pulls(res)
+        fig.canvas.draw()
+        for ax in fig.axes:
+            shown = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+            assert 2 <= len(shown) <= 11, (n, shown)
+            assert all(float(t).is_integer() for t in shown)  # mocks are numbered
+            assert ax.get_ylim()[1] > 40.0  # every pull inside the frame
+        plt.close(fig)
