@@ -260,7 +260,7 @@ def report(out: Path, overrides: list[str], keep: Path | None = None) -> dict:
 
 def figure(res: dict, path: Path) -> Path:
     """Each mock's pull of MUSE and of the joint MAP, per parameter, against N(0, 1)'s 1 and 2 sd
-    bands (a symmetric-log axis: the joint MAP's pulls reach 10-20)."""
+    bands (a symmetric-log axis, shared, grown to hold every pull: the joint MAP's reach 10-40)."""
     from fli.plots import save_figure  # noqa: PLC0415
 
     return save_figure(draw_pulls(res), path)
@@ -275,7 +275,7 @@ def draw_pulls(res: dict):
     plt = pyplot()
     mocks = sorted(res["per_mock"], key=int)
     fig, axes = plt.subplots(1, len(PARAMS), figsize=(4.2 * len(PARAMS), 3.4), sharey=True)
-    # the joint MAP's sigma8 pulls reach 40 on the linear forward: the shared axis grows to hold them
+    # the joint MAP's sigma8 pulls reach 40 on the linear forward
     pulls = [v for m in res["per_mock"].values() for p in PARAMS for k in ("muse_pull", "root_pull", "joint_pull")
              if (v := m[p].get(k)) is not None]
     top = max(25.0, 1.25 * max(map(abs, pulls), default=0.0))

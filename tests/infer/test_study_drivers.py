@@ -198,7 +198,7 @@ def test_a_driver_stopped_while_its_command_starts_stops_it_too(tmp_path):
         os.kill(int(kid.read_text()), 0)
 
 
-def test_the_pull_figure_labels_at_most_ten_mocks_whatever_their_number(cal):
+def test_the_pull_figure_labels_at_most_ten_mocks_and_holds_every_pull(cal):
     """The 50-mock linear figure labelled every mock, and the labels ran into one another; and its
     y axis stopped at 25 where the joint MAP's sigma8 pulls reach 40, drawing them on the frame.
     The ticks are counted after a draw, for 3 mocks and for 50 (issue 21's linear calibration)."""
