@@ -26,6 +26,15 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
+def kappa_colour_limits(kappa_true: np.ndarray, kappa_obs: np.ndarray) -> tuple[float, float]:
+    """Symmetric colour limits of one bin's noiseless and observed maps: each the 99.5th percentile
+    of |kappa|, the observed one never below the noiseless one. Where noise dominates the observed
+    map takes the noise's range; where the signal does, both maps share one scale, so the signal
+    reads alike in both (a fixed multiple of the noiseless range washed it out at low shape noise)."""
+    lim = float(np.percentile(np.abs(kappa_true), 99.5)) or 1.0
+    return lim, max(lim, float(np.percentile(np.abs(kappa_obs), 99.5)))
+
+
 def kappa_maps(kappa_true: np.ndarray, kappa_obs: np.ndarray, fov_deg: float, path: Path,
                labels: list[str] | None = None) -> Path:
     """Noiseless and observed convergence per bin, side by side ``[n_bins, npix, npix]``."""
@@ -33,11 +42,10 @@ def kappa_maps(kappa_true: np.ndarray, kappa_obs: np.ndarray, fov_deg: float, pa
     fig, axes = plt.subplots(2, nb, figsize=(3.6 * nb + 0.6, 6.6), squeeze=False, constrained_layout=True)
     ext = [-fov_deg / 2, fov_deg / 2, -fov_deg / 2, fov_deg / 2]
     for b in range(nb):
-        lim = float(np.percentile(np.abs(kappa_true[b]), 99.5)) or 1.0
+        lims = kappa_colour_limits(kappa_true[b], kappa_obs[b])
         for row, (m, what) in enumerate(((kappa_true[b], "noiseless"), (kappa_obs[b], "observed"))):
             ax = axes[row, b]
-            im = ax.imshow(m.T, origin="lower", extent=ext, cmap="RdBu_r", vmin=-lim * (1 + 2 * row),
-                           vmax=lim * (1 + 2 * row))
+            im = ax.imshow(m.T, origin="lower", extent=ext, cmap="RdBu_r", vmin=-lims[row], vmax=lims[row])
             name = labels[b] if labels else f"bin {b}"
             ax.set_title(f"{name}: {what}", fontsize=9)
             ax.set_xlabel(r"$\theta_x$ [deg]")

@@ -139,6 +139,27 @@ def test_incomplete_or_broken_mocks_do_not_load(mock_dir, tmp_path):
         load_mock(junk)
 
 
+def test_kappa_figure_scales_the_observed_map_by_its_own_range_not_a_fixed_multiple():
+    """The observed map's colour limit is its 99.5th percentile of |kappa|, never below the noiseless
+    map's. At low shape noise (sigma_e 0.02 on an 8x8 map) the old limit, 3x the noiseless one,
+    drew the observed signal in a third of the colour range."""
+    from fli.plots import kappa_colour_limits
+
+    rng = np.random.default_rng(0)
+    signal = rng.normal(0.0, 1e-3, (64, 64))
+    # low noise: one shared scale, within the noise's shift of the 99.5th percentile
+    lo_true, lo_obs = kappa_colour_limits(signal, signal + rng.normal(0.0, 1e-5, signal.shape))
+    assert lo_obs == pytest.approx(lo_true, rel=0.05)
+    # noise-dominated: the observed limit clips half a percent of the observed pixels (one more pixel:
+    # the percentile interpolates between two)
+    noisy = signal + rng.normal(0.0, 1e-2, signal.shape)
+    hi_true, hi_obs = kappa_colour_limits(signal, noisy)
+    assert hi_obs > 5 * hi_true
+    assert np.mean(np.abs(noisy) > hi_obs) <= 0.005 + 1 / noisy.size
+    # an observed map quieter than the noiseless one never shrinks below the noiseless limit
+    assert kappa_colour_limits(signal, 0.1 * signal)[1] == hi_true
+
+
 def test_run_module_entry_point_help():
     rc = launch(lambda i: [sys.executable, "-m", "fli.cli.mock", "--help"], n=1, timeout=120)[0]
     assert rc[0] == 0 and "experiment=tiny" in rc[1]
