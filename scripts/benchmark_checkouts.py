@@ -16,9 +16,8 @@ largest relative difference of the value and of the gradient between the two che
         --experiment "tiny_tsc=experiment=tiny simulation.assignment=tsc" \\
         --json docs/bench/stencil_layout.json
 
-The workers run with the XLA flags in ``FLI_BENCH_XLA_FLAGS`` (default: XLA on one thread, so
-that a worker measures one core), plus whatever device count the config's own process set-up
-asks for.
+The workers run pinned to ``--cpu`` (XLA CPU's parallel loops use a second core even with its
+one-thread flags) with the XLA flags in ``FLI_BENCH_XLA_FLAGS`` (default: XLA on one thread).
 """
 
 from __future__ import annotations
@@ -36,8 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
-def worker(overrides: list[str], repeats: int) -> dict:
+def worker(overrides: list[str], repeats: int, cpu: int) -> dict:
     """Time the posterior's value and gradient with the ``fli`` on this process's path."""
+    os.sched_setaffinity(0, {cpu})  # before JAX starts its threads
     from types import SimpleNamespace  # noqa: PLC0415
 
     import jax  # noqa: PLC0415
@@ -75,11 +75,11 @@ def worker(overrides: list[str], repeats: int) -> dict:
             "grad_s": np.asarray(g_s, float).ravel()[:: max(1, g_s.size // 4096)].tolist()}
 
 
-def run_worker(tree: Path, overrides: list[str], repeats: int) -> dict:
+def run_worker(tree: Path, overrides: list[str], repeats: int, cpu: int) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), JAX_PLATFORMS="cpu",
                XLA_FLAGS=os.environ.get("FLI_BENCH_XLA_FLAGS", ONE_THREAD))
-    p = subprocess.run([sys.executable, __file__, "--worker", json.dumps(overrides), "--repeats", str(repeats)],
-                       cwd=tree, env=env, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, __file__, "--worker", json.dumps(overrides), "--repeats", str(repeats),
+                        "--cpu", str(cpu)], cwd=tree, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"the worker in {tree} failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -99,11 +99,12 @@ def main(argv=None) -> int:
                     help="NAME=OVERRIDES (space-separated Hydra overrides); repeatable")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10, help="timed calls per worker")
+    ap.add_argument("--cpu", type=int, default=0, help="the CPU the workers are pinned to")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--worker", metavar="OVERRIDES_JSON", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker is not None:
-        print(json.dumps(worker(json.loads(a.worker), a.repeats)))
+        print(json.dumps(worker(json.loads(a.worker), a.repeats, a.cpu)))
         return 0
     if not a.base or not a.experiment:
         ap.error("give the base commit and at least one --experiment NAME=OVERRIDES")
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "fli", "conf"], cwd=ROOT, capture_output=True,
                            text=True).stdout.split()
     out = {"base": commit.stdout.strip(), "tree": head.stdout.strip(), "tree_modified": dirty[1::2],
-           "rounds": a.rounds, "repeats": a.repeats,
+           "rounds": a.rounds, "repeats": a.repeats, "cpu": a.cpu,
            "xla_flags": os.environ.get("FLI_BENCH_XLA_FLAGS", ONE_THREAD), "experiments": {}}
     with tempfile.TemporaryDirectory(prefix="fli-ab-") as tmp:
         base = Path(tmp) / "base"
@@ -133,7 +134,7 @@ def main(argv=None) -> int:
                 for r in range(a.rounds):
                     order = [("base", base), ("tree", ROOT)]
                     for side, tree in order if r % 2 == 0 else order[::-1]:
-                        rows[side].append(run_worker(tree, ov, a.repeats))
+                        rows[side].append(run_worker(tree, ov, a.repeats, a.cpu))
                         print(f"{name} round {r + 1}/{a.rounds} {side}: {rows[side][-1]['seconds'] * 1e3:.1f} ms",
                               file=sys.stderr, flush=True)
                 out["experiments"][name] = summarise(ov, rows)
