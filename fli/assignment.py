@@ -50,6 +50,13 @@ Array = jax.Array
 SCHEMES = ("cic", "tsc")
 POINTS = {"cic": 2, "tsc": 3}  # grid points per axis in a particle's footprint
 
+# A stencil's arrays are [x, corner or coordinate, y, z] over the particles, so that their minor
+# axes, the ones XLA CPU vectorises, are the particles' y and z. With the 27 corners (or the 3
+# coordinates) last, the gradient took 1.5x as long on tiny TSC and 1.1x at the default size, on
+# one core (docs/benchmarks.md, "The stencil's layout"). Sharded P('x', None, 'y') like the
+# particles they belong to.
+LAYOUT = "x, corner, y, z"
+
 
 def check_scheme(scheme: str) -> int:
     """Points per axis of ``scheme``; ``ValueError`` naming the valid ones otherwise."""
@@ -72,26 +79,31 @@ def scheme_of(corners: int) -> str:
 def _stencil(disp: Array, halo: int, scheme: str = "cic"):
     """Stencil of the local particles ``disp`` ``[bx, by, nz, 3]`` (cells).
 
-    Returns ``idx`` int32 ``[bx, by, nz, n^3]`` (``n`` points per axis), flat indices of the
+    Returns ``idx`` int32 ``[bx, n^3, by, nz]`` (``n`` points per axis), flat indices of the
     corners into the padded block ``[bx+2h, by+2h, nz]`` (C order, corner
     ``k = (a n + b) n + c`` for the points ``a, b, c`` along x, y, z), and ``frac``
-    ``[bx, by, nz, 3]``, the fractional positions from which the weights follow (CIC: past the
+    ``[bx, 3, by, nz]``, the fractional positions from which the weights follow (CIC: past the
     lower point, in ``[0, 1)``; TSC: from the nearest point, in ``[-1/2, 1/2)``). ``frac`` is
     differentiable: its derivative with respect to ``disp`` is 1, except 0 along an x or y
     clipped onto the padded block.
+
+    The layout (:data:`LAYOUT`): the corners and the coordinates sit between x and y, so that
+    every array the kernels compute on ends in the particles' ``[by, nz]`` (what XLA
+    vectorises) and a slab of whole x rows is a contiguous leading slice.
     """
     n = check_scheme(scheme)
     bx, by, nz = disp.shape[:3]
     big_x, big_y = bx + 2 * halo, by + 2 * halo
+    d = jnp.moveaxis(disp, -1, 1)  # [bx, 3, by, nz]
     # derivative 0: frac's derivative is disp's
-    base = jnp.floor(disp) if scheme == "cic" else jnp.floor(disp + 0.5)
-    frac = disp - base
+    base = jnp.floor(d) if scheme == "cic" else jnp.floor(d + 0.5)
+    frac = d - base
     cell = base.astype(jnp.int32) - (n - 2)  # the lowest point of the footprint
     shape = (bx, by, nz)
-    i0 = lax.broadcasted_iota(jnp.int32, shape, 0) + halo + cell[..., 0]
-    j0 = lax.broadcasted_iota(jnp.int32, shape, 1) + halo + cell[..., 1]
-    k0 = lax.broadcasted_iota(jnp.int32, shape, 2) + cell[..., 2]
-    fx, fy, fz = frac[..., 0], frac[..., 1], frac[..., 2]
+    i0 = lax.broadcasted_iota(jnp.int32, shape, 0) + halo + cell[:, 0]
+    j0 = lax.broadcasted_iota(jnp.int32, shape, 1) + halo + cell[:, 1]
+    k0 = lax.broadcasted_iota(jnp.int32, shape, 2) + cell[:, 2]
+    fx, fy, fz = frac[:, 0], frac[:, 1], frac[:, 2]
 
     # Clip x and y onto the padded block: a particle beyond it puts its mass on the outermost
     # cell (CIC) or the two outermost cells (TSC, f = -+1/2). Exact for particles inside the
@@ -105,18 +117,19 @@ def _stencil(disp: Array, halo: int, scheme: str = "cic"):
     j0 = jnp.clip(j0, 0, big_y - n)
     k0 = jnp.remainder(k0, nz)
 
-    ix = jnp.stack([i0 + a for a in range(n)], -1)
-    iy = jnp.stack([j0 + b for b in range(n)], -1)
-    iz = jnp.stack([jnp.remainder(k0 + c, nz) for c in range(n)], -1)
-    idx = (ix[..., :, None, None] * big_y + iy[..., None, :, None]) * nz + iz[..., None, None, :]
-    return idx.reshape(shape + (n**3,)), jnp.stack([fx, fy, fz], -1)
+    rows = [(i0 + a) * big_y for a in range(n)]
+    cols = [j0 + b for b in range(n)]
+    deps = [jnp.remainder(k0 + c, nz) for c in range(n)]
+    idx = [(rows[a] + cols[b]) * nz + deps[c] for a, b, c in itertools.product(range(n), repeat=3)]
+    return jnp.stack(idx, 1), jnp.stack([fx, fy, fz], 1)
 
 
 class Stencil(NamedTuple):
     """Stencil of the local particles, computed once and shared (see :func:`fli.painting.make_stencil`).
 
-    Per particle ``[..., k]``: ``idx`` int32 ``[..., n^3]`` flat indices of the corners into the
-    padded block; ``frac`` ``[..., 3]`` the fractional positions (after clipping), from which
+    In the layout :data:`LAYOUT` (the particles' x, then the corners or coordinates, then their
+    y and z): ``idx`` int32 ``[bx, n^3, by, nz]`` flat indices of the corners into the padded
+    block; ``frac`` ``[bx, 3, by, nz]`` the fractional positions (after clipping), from which
     the weights follow. ``frac`` carries the derivative with respect to the positions: the paint
     and the read are differentiated through it. The number of corners names the scheme.
     """
@@ -126,7 +139,7 @@ class Stencil(NamedTuple):
 
     @property
     def scheme(self) -> str:
-        return scheme_of(self.idx.shape[-1])
+        return scheme_of(self.idx.shape[1])
 
 
 def local_stencil(disp: Array, halo: int, scheme: str = "cic") -> Stencil:
@@ -134,8 +147,11 @@ def local_stencil(disp: Array, halo: int, scheme: str = "cic") -> Stencil:
 
     Left to itself, XLA fuses the stencil arithmetic (floor, clip, remainder, selects, corner
     products) into every consumer (paint, read and both adjoints: four times per backward
-    step), where it costs more than the scatters; the barrier stops that fusion and the
-    adjoints take the stencil as a residual (docs/benchmarks.md, "Painting's derivatives").
+    step), where it costs more than the scatters; the barrier stopped that fusion and the
+    adjoints took the stencil as a residual (docs/benchmarks.md, "Painting's derivatives"). The
+    XLA CPU of jax 0.10 drops the barrier and recomputes the corner indices in each gather and
+    scatter from three per-axis arrays ("The stencil's layout" there); it is kept for the
+    backends that honour it.
     The corner weights are formed from ``frac`` in each kernel (a few products per particle,
     fused into its consumer): the kernels need them as differentiable functions of the
     positions.
@@ -166,12 +182,9 @@ def _rows_per_slab(bx: int, by: int, nz: int) -> int:
 
 
 def _corner_weights(wx, wy, wz) -> Array:
-    """``[..., n^3]`` products ``wx[a] * wy[b] * wz[c]`` (broadcast form: fastest forward)."""
-    px = jnp.stack(wx, -1)[..., :, None, None]
-    py = jnp.stack(wy, -1)[..., None, :, None]
-    pz = jnp.stack(wz, -1)[..., None, None, :]
-    w = px * py * pz
-    return w.reshape(w.shape[:-3] + (w.shape[-1] ** 3,))
+    """``[bx, n^3, by, nz]`` products ``wx[a] * wy[b] * wz[c]`` of the 1D weights (each a tuple of
+    ``n`` arrays ``[bx, by, nz]``), corner ``k = (a n + b) n + c``."""
+    return jnp.stack([wx[a] * wy[b] * wz[c] for a, b, c in itertools.product(range(len(wx)), repeat=3)], 1)
 
 
 def tsc_weights(f):
@@ -181,8 +194,8 @@ def tsc_weights(f):
 
 
 def _axis_weights(frac: Array, n: int):
-    """The 1D weights of ``frac`` ``[..., 3]`` per axis: CIC ``(1 - f, f)``; TSC :func:`tsc_weights`."""
-    f = [frac[..., i] for i in range(3)]
+    """The 1D weights of ``frac`` ``[bx, 3, by, nz]`` per axis: CIC ``(1 - f, f)``; TSC :func:`tsc_weights`."""
+    f = [frac[:, i] for i in range(3)]
     if n == 2:
         return tuple((1.0 - g, g) for g in f)
     return tuple(tsc_weights(g) for g in f)
@@ -190,24 +203,24 @@ def _axis_weights(frac: Array, n: int):
 
 def _tsc_slopes(frac: Array):
     """The TSC weights' derivatives per axis: ``(f - 1/2, -2 f, f + 1/2)`` (CIC's are -1, 1)."""
-    f = [frac[..., i] for i in range(3)]
+    f = [frac[:, i] for i in range(3)]
     return tuple((g - 0.5, -2.0 * g, g + 0.5) for g in f)
 
 
 def _weights(frac: Array, n: int) -> Array:
-    """``[..., n^3]`` corner weights of the fractional positions ``frac`` ``[..., 3]``."""
+    """``[bx, n^3, by, nz]`` corner weights of the fractional positions ``frac`` ``[bx, 3, by, nz]``."""
     return _corner_weights(*_axis_weights(frac, n))
 
 
 def _cic_weight_tangents(pairs, t: Array) -> list:
     """Tangents of the 8 CIC corner weights ``w_k = wx[a] wy[b] wz[c]`` (``k = 4a + 2b + c``) for
-    the tangent ``t`` ``[..., 3]`` of the fractional position: a list of 8 arrays.
+    the tangent ``t`` ``[bx, 3, by, nz]`` of the fractional position: a list of 8 arrays ``[bx, by, nz]``.
 
     One product per axis and pair of corners, e.g. ``q = wy[b] wz[c] tx`` added to
     ``w_(1,b,c)`` and subtracted from ``w_(0,b,c)``, so that the transpose reverse mode derives
     is ``sum_bc wy[b] wz[c] (g_(1,b,c) - g_(0,b,c))``: elementwise and unrolled.
     """
-    (wx, wy, wz), (tx, ty, tz) = pairs, (t[..., 0], t[..., 1], t[..., 2])
+    (wx, wy, wz), (tx, ty, tz) = pairs, (t[:, 0], t[:, 1], t[:, 2])
     tw: list = [None] * 8
 
     def put(k, q, sign):
@@ -235,14 +248,14 @@ def _cic_weight_tangents(pairs, t: Array) -> list:
 
 
 def _weight_tangents(frac: Array, t: Array, n: int) -> list:
-    """Tangents of the ``n^3`` corner weights for the tangent ``t`` ``[..., 3]`` of ``frac``:
-    a list of ``n^3`` arrays, unrolled (elementwise under transposition). TSC's corner
+    """Tangents of the ``n^3`` corner weights for the tangent ``t`` ``[bx, 3, by, nz]`` of ``frac``:
+    a list of ``n^3`` arrays ``[bx, by, nz]``, unrolled (elementwise under transposition). TSC's corner
     ``(a, b, c)`` moves by ``w'x[a] wy[b] wz[c] tx + wx[a] w'y[b] wz[c] ty + wx[a] wy[b] w'z[c] tz``."""
     w = _axis_weights(frac, n)
     if n == 2:
         return _cic_weight_tangents(w, t)
     (wx, wy, wz), (sx, sy, sz) = w, _tsc_slopes(frac)
-    tx, ty, tz = t[..., 0], t[..., 1], t[..., 2]
+    tx, ty, tz = t[:, 0], t[:, 1], t[:, 2]
     dx = [s * tx for s in sx]
     dy = [s * ty for s in sy]
     dz = [s * tz for s in sz]
@@ -267,7 +280,7 @@ def _deposit(weight: Array | None, st: Stencil, size: int) -> Array:
     cells, ONE scatter-add."""
     w = _weights(st.frac, _points(st))
     if weight is not None:
-        w = w * weight.astype(w.dtype)[..., None]
+        w = w * weight.astype(w.dtype)[:, None]
     return jnp.zeros((size,), w.dtype).at[st.idx.reshape(-1)].add(w.reshape(-1), mode="promise_in_bounds")
 
 
@@ -278,11 +291,11 @@ def _deposit_tangent(weight, st, t_weight, t_frac, *, size):
     dt, n = st.frac.dtype, _points(st)
     upd = None
     if t_frac is not None:
-        tw = jnp.stack(_weight_tangents(st.frac, t_frac, n), -1)
-        upd = tw if weight is None else tw * weight.astype(dt)[..., None]
+        tw = jnp.stack(_weight_tangents(st.frac, t_frac, n), 1)
+        upd = tw if weight is None else tw * weight.astype(dt)[:, None]
     if t_weight is not None:
         w, tm = _weights(st.frac, n), t_weight.astype(dt)
-        uw = jnp.stack([w[..., k] * tm for k in range(n**3)], -1)  # transposes to an unrolled sum
+        uw = jnp.stack([w[:, k] * tm for k in range(n**3)], 1)  # transposes to an unrolled sum
         upd = uw if upd is None else upd + uw
     return jnp.zeros((size,), dt).at[st.idx.reshape(-1)].add(upd.reshape(-1), mode="promise_in_bounds")
 
@@ -309,10 +322,23 @@ def _interp(flat: Array, st: Stencil) -> Array:
     ONE gather of the corners for all C components; returns ``[bx, by, nz, C]``."""
     dtype = jnp.result_type(flat.dtype, st.frac.dtype)
     w = _weights(st.frac, _points(st)).astype(dtype)
-    vals = flat.at[st.idx].get(mode="promise_in_bounds").astype(dtype)  # [bx, by, nz, n^3, C]
-    out = vals[..., 0, :] * w[..., 0, None]
-    for k in range(1, w.shape[-1]):  # unrolled: much faster on CPU than a sum over the corner axis
-        out = out + vals[..., k, :] * w[..., k, None]
+    return _corner_sum(_gather(flat, st.idx, dtype), [w[:, k] for k in range(w.shape[1])])
+
+
+def _gather(flat: Array, idx: Array, dtype) -> Array:
+    """The flat padded block ``[M, C]`` at the corners ``idx`` ``[bx, n^3, by, nz]``: ``[bx, n^3, by, nz, C]``."""
+    return flat.at[idx].get(mode="promise_in_bounds").astype(dtype)
+
+
+def _corner_sum(vals: Array, w: list) -> Array:
+    """``sum_k vals[:, k] w[k]`` ``[bx, by, nz, C]`` over the corners of ``vals`` ``[bx, n^3, by, nz, C]``,
+    for ``w`` a list of ``n^3`` arrays ``[bx, by, nz]``: unrolled, much faster forward on XLA CPU
+    than a reduction over the corner axis (whose transpose, a broadcast, is the faster backward:
+    :func:`_interp_tangent` uses it where only the transpose runs). Transposed with respect to
+    ``w``, it reduces over the C components; with C = 1 there is nothing to reduce."""
+    out = vals[:, 0] * w[0][..., None]
+    for k in range(1, vals.shape[1]):
+        out = out + vals[:, k] * w[k][..., None]
     return out
 
 
@@ -326,8 +352,7 @@ def _interp_tangent(flat, st, t_flat, t_frac):
     the output (not slices of a loop carry), so that the transposed loop touches each slab's
     cotangent only."""
     dtype = jnp.result_type(flat.dtype, st.frac.dtype)
-    ncomp = flat.shape[-1]
-    bx, by, nz = st.idx.shape[:3]
+    bx, by, nz = st.idx.shape[0], st.idx.shape[2], st.idx.shape[3]
     rows = _rows_per_slab(bx, by, nz)
     n = _points(st)
 
@@ -336,18 +361,13 @@ def _interp_tangent(flat, st, t_flat, t_frac):
         acc = None
         if t_flat is not None:  # the field's tangent read at the particles
             w = _weights(s.frac, n).astype(dtype)
-            tv = t_flat.at[s.idx].get(mode="promise_in_bounds").astype(dtype)  # [rows, by, nz, n^3, C]
-            acc = jnp.sum(tv * w[..., None], axis=-2)  # transposes to a broadcast
+            acc = jnp.sum(_gather(t_flat, s.idx, dtype) * w[..., None], axis=1)  # transposes to a broadcast
         if tf is not None:  # the weights' tangents times the field at the corners
-            tw = _weight_tangents(s.frac, tf, n)
-            vals = flat.at[s.idx].get(mode="promise_in_bounds").astype(dtype)
-            comps = []
-            for q in range(ncomp):  # unrolled over corners and components: no reductions
-                c = vals[..., 0, q] * tw[0].astype(dtype)
-                for k in range(1, len(tw)):
-                    c = c + vals[..., k, q] * tw[k].astype(dtype)
-                comps.append(c)
-            a = jnp.stack(comps, -1)
+            tw = [t.astype(dtype) for t in _weight_tangents(s.frac, tf, n)]
+            vals = _gather(flat, s.idx, dtype)
+            # unrolled over the corners and the components: transposed, no reduction (one over the
+            # 3 components ran as XNNPACK reductions, 2.4x the whole gradient at the default size)
+            a = jnp.stack([_corner_sum(vals[..., q, None], tw)[..., 0] for q in range(vals.shape[-1])], -1)
             acc = a if acc is None else acc + a
         return acc
 

@@ -74,6 +74,9 @@ OVERFLOW_POLICIES = ("raise", "warn")
 
 Array = jax.Array
 
+# a stencil's arrays [x, corner or coordinate, y, z] (fli.assignment.LAYOUT), sharded like the particles
+STENCIL_SPEC = P("x", None, "y")
+
 
 def _check_disp(disp) -> tuple[int, int, int]:
     if disp.ndim != 4 or disp.shape[-1] != 3:
@@ -152,7 +155,7 @@ def _given_stencil(stencil: Stencil | None, scheme: str) -> tuple | None:
 def _paint(disp, weight, stencil, *, mesh, halo, exchange, scheme):
     pdims = mesh_pdims(mesh)
     args = (disp, weight, stencil)
-    specs = (FIELD_SPEC, None if weight is None else FIELD_SPEC, None if stencil is None else FIELD_SPEC)
+    specs = (FIELD_SPEC, None if weight is None else FIELD_SPEC, None if stencil is None else STENCIL_SPEC)
 
     def padded_local(d, w, st):
         return paint_padded(d, w, halo, local_stencil(d, halo, scheme) if st is None else Stencil(*st))
@@ -180,7 +183,7 @@ def make_stencil(disp: Array, mesh: Mesh, halo: int, scheme: str = "cic") -> Ste
 @functools.partial(jax.jit, static_argnames=("mesh", "halo", "scheme"))
 def _stencil_global(disp, *, mesh, halo, scheme):
     return Stencil(*jax.shard_map(lambda d: tuple(local_stencil(d, halo, scheme)), mesh=mesh, in_specs=FIELD_SPEC,
-                                  out_specs=FIELD_SPEC)(disp))
+                                  out_specs=STENCIL_SPEC)(disp))
 
 
 def paint(
@@ -238,7 +241,7 @@ def _read(fields, disp, stencil, *, mesh, halo, exchange, layout, scheme):
         def to_last(f):
             return jnp.stack(f, axis=-1)
 
-    sspec = None if stencil is None else FIELD_SPEC
+    sspec = None if stencil is None else STENCIL_SPEC
 
     def stencil_of(d, st):
         return local_stencil(d, halo, scheme) if st is None else Stencil(*st)

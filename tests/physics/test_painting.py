@@ -308,7 +308,9 @@ def test_shared_stencil_gives_the_same_fields_and_gradients(exchange, scheme):
 
     (v0, f0), g0 = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)(d, False)
     (v1, f1), g1 = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)(d, True)
-    np.testing.assert_array_equal(np.asarray(f1), np.asarray(f0))  # same arithmetic, same order
+    # the same arithmetic, but XLA may fuse (and contract into FMAs) the weights' products
+    # differently when the stencil is computed inside the read: float32 rounding, a few ulps
+    np.testing.assert_allclose(np.asarray(f1), np.asarray(f0), rtol=0, atol=1e-6 * np.abs(np.asarray(f0)).max())
     np.testing.assert_allclose(float(v1), float(v0), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(g1), np.asarray(g0), rtol=0, atol=1e-5 * np.abs(np.asarray(g0)).max())
 
