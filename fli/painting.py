@@ -171,7 +171,7 @@ def _paint(disp, weight, stencil, *, mesh, halo, exchange, scheme):
 
 
 def make_stencil(disp: Array, mesh: Mesh, halo: int, scheme: str = "cic") -> Stencil:
-    """The :class:`Stencil` of the particles ``disp`` (cells), sharded ``P('x', 'y')``, to pass to
+    """The :class:`Stencil` of the particles ``disp`` (cells), sharded ``P('x', None, 'y')``, to pass to
     :func:`paint` and :func:`read` at the same positions (as the PM force does): computed once
     instead of in each of them and again in each adjoint."""
     _check_disp(disp)
