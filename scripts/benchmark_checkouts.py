@@ -38,28 +38,14 @@ ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 def worker(overrides: list[str], repeats: int, cpu: int) -> dict:
     """Time the posterior's value and gradient with the ``fli`` on this process's path."""
     os.sched_setaffinity(0, {cpu})  # before JAX starts its threads
-    from types import SimpleNamespace  # noqa: PLC0415
-
     import jax  # noqa: PLC0415
-    import jax.numpy as jnp  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
+    from muse_cost import posterior_at_median  # noqa: PLC0415 (scripts/, this script's folder)
 
     import fli  # noqa: PLC0415
-    from fli.cli.common import _setup_process  # noqa: PLC0415
-    from fli.cli.compose import compose  # noqa: PLC0415
-    from fli.infer.model import Latents, build_posterior, make_data  # noqa: PLC0415
-    from fli.infer.muse import make_simulator  # noqa: PLC0415
-    from fli.sharding import make_mesh  # noqa: PLC0415
-    from fli.survey import noise_sigma  # noqa: PLC0415
+    from fli.infer.model import Latents  # noqa: PLC0415
 
-    cfg, _ = compose(overrides)
-    _setup_process(cfg)
-    post = build_posterior(cfg, mesh=make_mesh(cfg.distributed.pdims))
-    sigma = noise_sigma(cfg.survey, cfg.lensing.fov_deg, cfg.lensing.npix)
-    shape = (len(sigma), cfg.lensing.npix, cfg.lensing.npix)
-    template = make_data(SimpleNamespace(kappa_obs=np.zeros(shape), noise_sigma=sigma, mask=None), post.fwd)
-    theta = jnp.zeros((post.prior.n,), post.fwd.grid.jdtype)
-    data = make_simulator(post)(theta, jax.random.key(0), template)
+    _, post, theta, data = posterior_at_median(overrides)
     s = jax.random.normal(jax.random.key(1), post.zeros().s.shape, post.zeros().s.dtype)
     vg = jax.jit(jax.value_and_grad(lambda th, z: post.potential(Latents(th, z), data), argnums=(0, 1)))
     t0 = time.perf_counter()

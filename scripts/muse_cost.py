@@ -31,7 +31,6 @@ import json
 import resource
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 
 def main(argv=None) -> int:
@@ -52,26 +51,14 @@ def main(argv=None) -> int:
                                     out["projection"]["n_sims"], out["projection"]["map_steps"], out["n_params"], a)
         return report(out, a)
     import jax  # noqa: PLC0415
-    import jax.numpy as jnp  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
-    from fli.cli.common import _setup_process  # noqa: PLC0415
-    from fli.cli.compose import compose  # noqa: PLC0415
-    from fli.infer.model import Latents, build_posterior, make_data  # noqa: PLC0415
-    from fli.infer.muse import FieldSolver, make_simulator  # noqa: PLC0415
-    from fli.sharding import make_mesh  # noqa: PLC0415
-    from fli.survey import noise_sigma  # noqa: PLC0415
+    from fli.infer.model import Latents  # noqa: PLC0415
+    from fli.infer.muse import FieldSolver  # noqa: PLC0415
 
-    cfg, _ = compose(a.overrides)
-    _setup_process(cfg)  # the commands' compilation cache: a second machine given it skips the compiles
+    cfg, post, theta, data = posterior_at_median(a.overrides)
     mc = cfg.inference.map.muse
-    post = build_posterior(cfg, mesh=make_mesh(cfg.distributed.pdims))
     g = post.fwd.grid
-    sigma = noise_sigma(cfg.survey, cfg.lensing.fov_deg, cfg.lensing.npix)
-    shape = (len(sigma), cfg.lensing.npix, cfg.lensing.npix)
-    template = make_data(SimpleNamespace(kappa_obs=np.zeros(shape), noise_sigma=sigma, mask=None), post.fwd)
-    theta = jnp.zeros((post.prior.n,), g.jdtype)
-    data = make_simulator(post)(theta, jax.random.key(0), template)
     s0 = post.zeros().s
     print(f"{'x'.join(map(str, g.shape))} field ({post.dim} latents), {post.fwd.kind} forward, "
           f"{jax.device_count()} device(s)", flush=True)
@@ -110,6 +97,33 @@ def main(argv=None) -> int:
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
     return report(out, a)
+
+
+def posterior_at_median(overrides: list[str]):
+    """``(cfg, posterior, theta, data)`` of a config composed as the commands compose it (their
+    process set-up and compilation cache included): theta at the prior's median, and data drawn
+    from the model there (seed 0) with the survey's noise."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from fli.cli.common import _setup_process  # noqa: PLC0415
+    from fli.cli.compose import compose  # noqa: PLC0415
+    from fli.infer.model import build_posterior, make_data  # noqa: PLC0415
+    from fli.infer.muse import make_simulator  # noqa: PLC0415
+    from fli.sharding import make_mesh  # noqa: PLC0415
+    from fli.survey import noise_sigma  # noqa: PLC0415
+
+    cfg, _ = compose(overrides)
+    _setup_process(cfg)  # the commands' compilation cache: a second machine given it skips the compiles
+    post = build_posterior(cfg, mesh=make_mesh(cfg.distributed.pdims))
+    sigma = noise_sigma(cfg.survey, cfg.lensing.fov_deg, cfg.lensing.npix)
+    shape = (len(sigma), cfg.lensing.npix, cfg.lensing.npix)
+    template = make_data(SimpleNamespace(kappa_obs=np.zeros(shape), noise_sigma=sigma, mask=None), post.fwd)
+    theta = jnp.zeros((post.prior.n,), post.fwd.grid.jdtype)
+    return cfg, post, theta, make_simulator(post)(theta, jax.random.key(0), template)
 
 
 def project(per_step: float, per_eval: float, n_sims: int, map_steps: int, n: int, a) -> dict:
