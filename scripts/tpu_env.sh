@@ -19,9 +19,10 @@ pipi() {
 pipi --no-index --target /tmp/site .whl-tpu/*.whl || { echo "wheel install failed"; exit 1; }
 for n in tensorstore pandas matplotlib pillow fonttools h5py kiwisolver contourpy pyyaml msgpack protobuf psutil \
     simplejson uvloop; do
-  pipi --only-binary=:all: --index-url file:///opt/pypi/simple --target "/tmp/idx_$n" "$n" || echo "index: no $n"
+  { pipi --only-binary=:all: --index-url file:///opt/pypi/simple --target "/tmp/idx_$n" "$n" || echo "index: no $n"; } &
   PYTHONPATH_IDX=${PYTHONPATH_IDX:-}:/tmp/idx_$n
 done
+wait  # the installs side by side, not one after another, in a call of 10 minutes
 export PYTHONPATH=${PYTHONPATH:-}:/tmp/site${PYTHONPATH_IDX}:$PWD
 export JAX_DEFAULT_MATMUL_PRECISION=highest
 export JAX_LOG_COMPILES=1
