@@ -13,12 +13,16 @@ own blocks of the zarr field):
 * ``metrics.json`` (with a truth): r(k), T(k) and r_ell (:mod:`fli.infer.metrics`);
 * figures: ``loss.png``, ``kappa_maps.png``, ``residuals.png``, and with a truth
   ``transfer.png``, ``r_ell.png``, ``field_slices.png``;
+* ``laplace.json``: the Laplace step's block with the point and settings it was computed at;
+  a start that finds the fit already at its end (a MUSE run stopped after its Laplace step)
+  reads it back instead of computing it again, and compiles no optimiser step either;
 * ``map.json``, written last: the MAP parameters, loss, steps, time, gradient evaluations,
   the marginal and conditional Laplace errors, and what the joint MAP is and is not.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -40,6 +44,7 @@ from fli.manifest import check_kind, check_same_observation, read_manifest, writ
 
 COMMAND = "fli-map"
 MAP_JSON = "map.json"
+LAPLACE_JSON = "laplace.json"
 FIELD_NAME = "map_field.zarr"
 
 JOINT_MAP_NOTE = (
@@ -136,12 +141,17 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
              "" if theta_fixed is None else "", "x".join(map(str, fwd.grid.shape)), post.dim, mcfg.optimizer,
              mcfg.steps, fwd.kind, fwd.lightcone)
     t0 = time.perf_counter()
-    width0 = jnp.asarray(0.0, fwd.grid.jdtype)
-    compiled = step_fn.lower(run.params, run.opt_state, data, width0).compile()
-    release_freed_memory()
+    if last is not None and (run.step >= mcfg.steps or converged(run, mcfg)):
+        compiled = None  # run_map takes no step: a minute of compiling saved (tiny PM), more at scale
+        log.info("the checkpoint of step %d is the fit's end: no optimiser step to compile or take", run.step)
+    else:
+        width0 = jnp.asarray(0.0, fwd.grid.jdtype)
+        compiled = step_fn.lower(run.params, run.opt_state, data, width0).compile()
+        release_freed_memory()
     barrier("fli-map-compiled")  # a peer compiling > 30 s longer would break the first step's gloo collective
     t_compile = time.perf_counter() - t0
-    log.info("compiled the optimiser step in %.1f s", t_compile)
+    if compiled is not None:
+        log.info("compiled the optimiser step in %.1f s", t_compile)
 
     names = post.names
     params_fn = jax.jit(lambda th: post.params(th))
@@ -242,7 +252,14 @@ def finish(cfg: Config, run_dir: Path, obs, post: Posterior, data: Data, run: Ma
         "pdims": list(fwd.grid.pdims), "processes": jax.process_count(),
     }
     if mcfg.laplace and theta_fixed is None and post.prior.n:
-        out["laplace"] = laplace_errors(post, data, lat, mcfg, log)
+        key = laplace_key(run, mcfg)
+        out["laplace"] = reusable_laplace(run_dir, key)
+        if out["laplace"] is None:
+            out["laplace"] = laplace_errors(post, data, lat, mcfg, log)
+            write_json(run_dir / LAPLACE_JSON, {"key": key, "laplace": out["laplace"]}, default=float)
+        else:
+            log.info("Laplace: read back from %s, computed at this step (%d) and these settings by an earlier "
+                     "start of this run", run_dir / LAPLACE_JSON, run.step)
     if obs.has_truth:
         out["truth"] = {k: float(obs.truth[k]) for k in (*post.names,) if k in obs.truth}
         tr = {k: float(v) for k, v in jax.jit(post.params)(jnp.asarray(post.theta_of(obs.truth))).items()}
@@ -287,6 +304,32 @@ def finish(cfg: Config, run_dir: Path, obs, post: Posterior, data: Data, run: Ma
              " ".join(f"{k}={v:.4f}" for k, v in phys.items()), out["loss"], out["chi2_per_pixel"], cut, run.step,
              "converged" if out["converged"] else "step budget", run_dir / MAP_JSON)
     return out
+
+
+def laplace_key(run: MapRun, mcfg) -> dict:
+    """What a Laplace block depends on within one run directory, whose model config a resumed
+    start already matched (``check_resumable``): the point (the step and theta; the field is the
+    same checkpoint's) and the settings that may change between starts."""
+    return {"step": run.step, "theta_latent": np.asarray(run.params.theta).tolist(), "cg_tol": mcfg.cg_tol,
+            "cg_maxiter": mcfg.cg_maxiter}
+
+
+def reusable_laplace(run_dir: Path, key: dict) -> dict | None:
+    """The Laplace block that ``run_dir/laplace.json`` holds for ``key``, else None (no file, a
+    file cut short, another point or other settings). Process 0 decides for every process: the
+    Laplace program is collective, so all compute it or none."""
+    try:
+        held = json.loads((Path(run_dir) / LAPLACE_JSON).read_text())
+        found = held["laplace"] if held.get("key") == key else None
+    except (OSError, ValueError, KeyError, TypeError):
+        found = None
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils  # noqa: PLC0415
+
+        if not bool(multihost_utils.broadcast_one_to_all(np.int32(found is not None))):
+            return None
+        found = found if found is not None else {"read_by": "process 0"}  # map.json is process 0's
+    return found
 
 
 def laplace_errors(post: Posterior, data: Data, lat: Latents, mcfg, log) -> dict:

@@ -233,3 +233,31 @@ def test_resume_on_another_device_layout(small_map, small_mock, tmp_path):
     ref = np.loadtxt(small_map / "loss_history.csv", delimiter=",", skiprows=1)
     np.testing.assert_array_equal(hist[:12], ref)  # the first 12 steps come from the checkpoint
     assert b["loss"] <= a["loss"] * (1 + 1e-5)  # four more L-BFGS steps do not lose ground
+
+
+def test_a_laplace_block_is_read_back_only_at_its_own_point_and_settings(tmp_path):
+    """``laplace.json`` stands in for the Laplace step only where the step, theta and the CG
+    settings are the ones it was computed at; a file cut short or missing means computing it."""
+    from types import SimpleNamespace
+
+    import jax.numpy as jnp
+
+    from fli.infer.map import LAPLACE_JSON, laplace_key, reusable_laplace
+    from fli.infer.model import Latents
+    from fli.infer.optimize import MapRun
+
+    mcfg = SimpleNamespace(cg_tol=1e-5, cg_maxiter=1000)
+    run = MapRun(Latents(jnp.asarray([0.25, -0.5], jnp.float32), jnp.zeros((2, 2, 2))), None, 40, [], None)
+    block = {"marginal": {"std": {"sigma8": 0.03}}, "n_hvp": 159}
+    assert reusable_laplace(tmp_path, laplace_key(run, mcfg)) is None  # no file
+    (tmp_path / LAPLACE_JSON).write_text(json.dumps({"key": laplace_key(run, mcfg), "laplace": block}))
+    assert reusable_laplace(tmp_path, laplace_key(run, mcfg)) == block
+    other_point = MapRun(Latents(jnp.asarray([0.25, -0.5000001], jnp.float32), run.params.s), None, 40, [], None)
+    later = MapRun(run.params, None, 41, [], None)
+    for key in (laplace_key(other_point, mcfg), laplace_key(later, mcfg),
+                laplace_key(run, SimpleNamespace(cg_tol=1e-6, cg_maxiter=1000)),
+                laplace_key(run, SimpleNamespace(cg_tol=1e-5, cg_maxiter=500))):
+        assert reusable_laplace(tmp_path, key) is None, key
+    text = (tmp_path / LAPLACE_JSON).read_text()
+    (tmp_path / LAPLACE_JSON).write_text(text[: len(text) // 2])  # cut short by a stop
+    assert reusable_laplace(tmp_path, laplace_key(run, mcfg)) is None
