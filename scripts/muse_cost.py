@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     import numpy as np  # noqa: PLC0415
 
     from fli.infer.model import Latents  # noqa: PLC0415
-    from fli.infer.muse import FieldSolver  # noqa: PLC0415
+    from fli.infer.field_fit import FieldSolver  # noqa: PLC0415
 
     cfg, post, theta, data = posterior_at_median(a.overrides)
     mc = cfg.inference.map.muse

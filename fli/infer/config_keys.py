@@ -116,7 +116,7 @@ ADDED = {"inference.mclmc_energy_error": 5e-4, "inference.projections": 0, "lens
          "lensing.subparticles": 1, "lensing.pgd_alpha": 0.0, "lensing.pgd_mu": 0.0, "lensing.pgd_kl": 0.4,
          "lensing.pgd_ks": 1.0, "lensing.ell_max": None, "inference.map.muse.h_steps": None,
          "inference.map.muse.start": None, "inference.map.muse.j_sims": None, "simulation.assignment": "cic",
-         "inference.map.muse.estimate": "root"}
+         "inference.map.muse.estimate": "root", "inference.map.muse.precondition_rank": 0}
 ABSENT = "<absent>"
 _ABSENT = object()
 

@@ -6,7 +6,7 @@ field's MAP but fixes theta while fitting it, and corrects the data's score with
 score on simulations:
 
 * ``s_hat(theta, x) = argmin_s U(theta, s; x)``, the field's MAP at fixed theta (fli-map's
-  optimiser, :class:`FieldSolver`);
+  optimiser, :class:`~fli.infer.field_fit.FieldSolver`, preconditioned by default);
 * ``g(theta, x) = -d/dtheta [U(theta, s; x) - |theta|^2 / 2]`` at ``s = s_hat``: the score of
   the joint likelihood ``log p(x, s | theta)`` (the white noise's prior does not depend on
   theta in this non-centred model, so it drops out);
@@ -61,7 +61,6 @@ converges to one point), and its field MAP starts from its own previous one.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 
@@ -70,72 +69,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
+from fli.infer.field_fit import FieldSolver
 from fli.infer.model import Data, Latents, Posterior
 from fli.infer.muse_result import MuseResult, covariance, posterior_given_score
 from fli.lensing import KAPPA_SPEC
-from fli.sharding import field_leaf_shardings, replicated_to_host, white_noise
+from fli.sharding import replicated_to_host, white_noise
 
 MUSE_STREAM = 0x4D555345  # "MUSE": the simulations' keys are fold_in(key(seed), MUSE_STREAM) then i
 
 
 # ================================================================================ pieces
-
-
-class FieldSolver:
-    """``solve(theta, s0, data, max_steps=None) -> (s_hat, steps, grad_norm, evals)``: the
-    field's MAP at fixed theta with fli-map's optimiser (``inference.map.optimizer``, L-BFGS by
-    default), from ``s0``, until the gradient's RMS per cell is below ``gtol`` or ``max_steps``
-    (None: the solver's own).
-
-    One compiled program per posterior (theta, the data and the step budget are arguments): the
-    loop runs on the device, and the optimiser's memory stays sharded like the field.
-    ``grad_norm`` is the RMS of the gradient before the last step.
-    """
-
-    def __init__(self, post: Posterior, map_cfg, max_steps: int, gtol: float):
-        import optax  # noqa: PLC0415
-
-        from fli.infer.optimize import make_optimizer  # noqa: PLC0415
-
-        opt = make_optimizer(map_cfg)
-        grid = post.fwd.grid
-        lbfgs = map_cfg.optimizer == "lbfgs"
-        rms = math.sqrt(grid.n_cells)
-
-        def keep(state):
-            return jax.lax.with_sharding_constraint(state, field_leaf_shardings(state, grid.mesh, grid.shape))
-
-        self.max_steps = int(max_steps)
-
-        def solve(theta, s0, data, max_steps):
-            f = lambda s: post.potential(Latents(theta, s), data)
-
-            def body(carry):
-                s, state, k, _, ev = carry
-                if lbfgs:
-                    value, grad = optax.value_and_grad_from_state(f)(s, state=state)
-                    upd, state = opt.update(grad, state, s, value=value, grad=grad, value_fn=f)
-                    n = jnp.asarray(optax.tree.get(state, "num_linesearch_steps"), jnp.int32)
-                else:
-                    grad = jax.grad(f)(s)
-                    upd, state = opt.update(grad, state, s)
-                    n = jnp.asarray(1, jnp.int32)
-                return optax.apply_updates(s, upd), keep(state), k + 1, optax.tree.norm(grad) / rms, ev + n
-
-            def cond(carry):
-                return (carry[2] < max_steps) & (carry[3] > gtol)
-
-            init = (s0, keep(opt.init(s0)), jnp.asarray(0, jnp.int32), jnp.asarray(jnp.inf, s0.dtype),
-                    jnp.asarray(0, jnp.int32))
-            s, _, k, gn, ev = jax.lax.while_loop(cond, body, init)
-            return s, k, gn, ev
-
-        self._solve = jax.jit(solve)
-
-    def __call__(self, theta, s0, data: Data, max_steps: int | None = None):
-        steps = self.max_steps if max_steps is None else int(max_steps)
-        s, k, gn, ev = self._solve(theta, s0, data, jnp.asarray(steps, jnp.int32))
-        return s, int(replicated_to_host(k)), float(replicated_to_host(gn)), int(replicated_to_host(ev))
 
 
 def make_score(post: Posterior):
@@ -243,7 +186,8 @@ class Muse:
 
     ``settings``: ``inference.map.muse`` (n_sims, iterations, tol, fd_step, map_steps, h_steps,
     gtol);
-    ``map_cfg``: ``inference.map`` (the optimiser); ``seed``: the simulations' seed.
+    ``map_cfg``: ``inference.map`` (the optimiser); ``seed``: the simulations' seed; ``pre``:
+    every fit's field preconditioner (:func:`fli.infer.field_fit.field_preconditioner`) or None.
 
     ``rank`` of ``size`` workers (``inference.map.muse.spread=processes``): this one makes the
     fits it owns and takes the others' from ``store`` (:meth:`ScoreStore.wait`). The data's
@@ -253,12 +197,14 @@ class Muse:
     """
 
     def __init__(self, post: Posterior, data: Data, settings, map_cfg, seed: int,
-                 store: ScoreStore | None = None, log: logging.Logger | None = None, rank: int = 0, size: int = 1):
+                 store: ScoreStore | None = None, log: logging.Logger | None = None, rank: int = 0, size: int = 1,
+                 pre=None):
         if not 0 <= rank < size:
             raise ValueError(f"MUSE worker rank {rank} of {size}")
         self.rank, self.size = rank, size
         self.post, self.data, self.cfg = post, data, settings
         self.solver = FieldSolver(post, map_cfg, settings.map_steps, settings.gtol)
+        self.pre = pre  # every fit's preconditioner (fli.infer.field_fit), fixed before the first; None: none
         # H's refits start from each simulation's MAP at theta, a field O(fd_step) from theirs
         self.h_steps = settings.map_steps if getattr(settings, "h_steps", None) is None else settings.h_steps
         self.j_sims = J_SIMS_PER_N * settings.n_sims if getattr(settings, "j_sims", None) is None else settings.j_sims
@@ -295,7 +241,7 @@ class Muse:
         data = data() if callable(data) else data
         s0 = self.warm.get(warm, self.zero)
         budget = self.cfg.map_steps if max_steps is None else max_steps
-        s, steps, gn, ev = self.solver(self._dtype(th), s0, data, budget)
+        s, steps, gn, ev = self.solver(self._dtype(th), s0, data, budget, pre=self.pre)
         if keep:
             self.warm[warm] = s
         g = np.asarray(replicated_to_host(self.score(self._dtype(th), s, data)), np.float64)
@@ -313,7 +259,7 @@ class Muse:
         """The data's field MAP at ``theta`` (standardised), from its last fit's field, and the
         gradient evaluations it took: where a chain starts from MUSE's estimate
         (:mod:`fli.infer.start`)."""
-        s, _, _, ev = self.solver(self._dtype(theta), self.warm.get("data", self.zero), self.data)
+        s, _, _, ev = self.solver(self._dtype(theta), self.warm.get("data", self.zero), self.data, pre=self.pre)
         self.grad_evals += int(ev)
         return s, int(ev)
 

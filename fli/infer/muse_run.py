@@ -162,9 +162,18 @@ def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
         post, data = local_posterior(cfg)
         log.info("MUSE: the fits spread over %d processes, each on its own %s mesh", size,
                  "x".join(map(str, post.fwd.grid.pdims)))
-    m = Muse(post, data, settings, cfg.inference.map, seed=cfg.seed, store=store, log=log, rank=rank, size=size)
     start = settings.start
     theta0 = np.zeros(post.prior.n) if start is None else np.asarray(start, np.float64)
+    pre = None
+    if settings.precondition_rank:
+        from fli.infer.field_fit import field_preconditioner  # noqa: PLC0415
+
+        pre, info = field_preconditioner(post, data, theta0, settings.precondition_rank, log)
+        log.info("MUSE: every field fit preconditioned by the top %d directions of the data's curvature at the "
+                 "start (eigenvalues %.3g to %.3g; %d gradient evaluations)", info["rank"], info["eigenvalues"][0],
+                 info["eigenvalues"][-1], info["grad_evals"])
+    m = Muse(post, data, settings, cfg.inference.map, seed=cfg.seed, store=store, log=log, rank=rank, size=size,
+             pre=pre)
     log.info("MUSE of %s: %d simulations per iteration, up to %d Newton iterations, from %s",
              ", ".join(post.names), settings.n_sims, settings.iterations,
              "the prior's median" if start is None else

@@ -217,7 +217,7 @@ def ritz(st: LanczosState):
 
 
 def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging.Logger | None = None,
-                  chunk: int = 16, ad: str = "auto", at=None) -> tuple[LowRank, dict]:
+                  chunk: int = 16, ad: str = "auto", at=None, mask=None) -> tuple[LowRank, dict]:
     """:class:`LowRank` of ``rank`` Lanczos steps on the Gauss-Newton ``J^T J`` at the flat
     latent ``ref`` (from a fli-map run, never the truth), started from a random vector.
 
@@ -235,6 +235,9 @@ def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging
     transpose of ``J^T``; works through a ``custom_vjp``, e.g. the PM forward's reversible
     adjoint) or ``"auto"``: forward where JAX allows it.
 
+    ``mask``: ``[size]`` 0/1, the subspace to take the curvature in (``P J^T J P``, e.g. the
+    field's entries alone for fits at fixed theta); the eigenvectors are then zero off it.
+
     Returns the preconditioner and a summary: rank, gradient evaluations, seconds, the
     eigenvalues (largest first)."""
     log = log or logging.getLogger("fli")
@@ -250,24 +253,29 @@ def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging
     operator = jtj_operator(post)
 
     @jax.jit
-    def start(key, z, data):
+    def start(key, z, data, mask):
         # v0 = J^T u, u a random map: in the range of J^T J, so that the Krylov space holds no
         # direction of its null space (the prior's), whose Ritz value 0 would take a slot
         r0, vjp = jax.vjp(lambda x: res(x, data), z)
         v0 = vjp(jax.random.normal(key, r0.shape, r0.dtype) * (data.weight > 0))[0]
+        v0 = v0 if mask is None else v0 * mask
         st = lanczos_start(jax.lax.with_sharding_constraint(v0, lay.sharding), k)
         return st._replace(q=jax.lax.with_sharding_constraint(st.q, vsh))
 
+    def masked(op, mask):
+        return op if mask is None else (lambda v: mask * op(v))
+
     # one program for every call: the number of steps is an argument
-    programs = {ad: jax.jit(lambda z, data, st, n, ad=ad: lanczos_steps(operator(z, data, ad), st, n),
+    programs = {ad: jax.jit(lambda z, data, st, n, mask, ad=ad: lanczos_steps(masked(operator(z, data, ad), mask),
+                                                                              st, n),
                             donate_argnums=2) for ad in ("forward", "reverse")}
     check_ad(ad)
     t0 = time.perf_counter()
-    st = start(key, at[0], data)
+    st = start(key, at[0], data, mask)
     done = 0
     while done < k:
         n = min(chunk, k - done)
-        st, ad = call_with_ad(programs, ad, at, data, st, jnp.int32(n))
+        st, ad = call_with_ad(programs, ad, at, data, st, jnp.int32(n), mask)
         done += n
         jax.block_until_ready(st.alpha)
         log.info("preconditioner: Lanczos step %d/%d (%.1f s)", done, k, time.perf_counter() - t0)
