@@ -99,8 +99,8 @@ def main(argv=None) -> int:
 
     from fli.cli.common import _setup_process  # noqa: PLC0415
     from fli.cli.compose import compose  # noqa: PLC0415
-    from fli.infer.map import prepare  # noqa: PLC0415
     from fli.infer.field_fit import FieldSolver  # noqa: PLC0415
+    from fli.infer.map import prepare  # noqa: PLC0415
 
     log = logging.getLogger("fli")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")

@@ -8,7 +8,7 @@ H is taken (n sampled parameters, central differences); each fit is up to
 
 * the posterior's gradient in the field alone (``jax.grad`` of U at fixed theta), ``--repeats``
   times after its compilation;
-* one field fit of ``--steps`` steps of fli-map's optimiser (fli.infer.muse.FieldSolver) on a
+* one field fit of ``--steps`` steps of fli-map's optimiser (fli.infer.field_fit.FieldSolver) on a
   simulation at the prior's median, from zero: seconds per gradient evaluation inside the
   compiled loop, and gradient evaluations per step (L-BFGS's line search);
 * the projection: evaluations per fit = ``--evals-per-fit``, or the timed fit's evaluations per
@@ -53,8 +53,8 @@ def main(argv=None) -> int:
     import jax  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
-    from fli.infer.model import Latents  # noqa: PLC0415
     from fli.infer.field_fit import FieldSolver  # noqa: PLC0415
+    from fli.infer.model import Latents  # noqa: PLC0415
 
     cfg, post, theta, data = posterior_at_median(a.overrides)
     mc = cfg.inference.map.muse

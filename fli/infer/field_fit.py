@@ -10,7 +10,7 @@ In the white noise the field's Gauss-Newton Hessian is ``I + J_s^T J_s`` (``J_s`
 residual's Jacobian in the field): the unit prior plus at most as many data directions as the
 map has values, whose stiffest eigenvalues reach about 900 on tiny at sigma_e 0.05. L-BFGS
 spends most of a fit's 100-250 steps on that spread. With the top ``r`` eigenpairs
-``(lam_i, v_i)`` of ``J_s^T J_s`` (Lanczos, :func:`fli.infer.precondition.build_lowrank` on the
+``(lam_i, v_i)`` of ``J_s^T J_s`` (Lanczos, :func:`fli.infer.lowrank.build_lowrank` on the
 field's entries alone) the fit moves ``y`` with ``s = C^{1/2} y``,
 ``C = (I + V diag(lam) V^T)^{-1}``, in which those directions have unit curvature.
 
@@ -36,8 +36,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fli.infer.layout import FLAT_SPEC
+from fli.infer.lowrank import LowRank, build_lowrank, inv_sqrt_cov, to_y, to_z
 from fli.infer.model import Data, Latents, Posterior
-from fli.infer.precondition import LowRank, build_lowrank, inv_sqrt_cov, to_y, to_z
 from fli.sharding import field_leaf_shardings, replicated_to_host
 
 PRECONDITIONER_STREAM = 0x46495450  # "FITP": the Lanczos start's key, the same in every run
@@ -117,7 +117,7 @@ class FieldSolver:
 def field_preconditioner(post: Posterior, data: Data, theta, rank: int,
                          log: logging.Logger | None = None) -> tuple[LowRank, dict]:
     """The top ``rank`` eigenpairs of the field's ``J_s^T J_s`` at ``(theta, s = 0)`` as a
-    :class:`~fli.infer.precondition.LowRank` on the flat latent (zero off the field's entries),
+    :class:`~fli.infer.lowrank.LowRank` on the flat latent (zero off the field's entries),
     and its summary (rank, gradient evaluations, seconds, eigenvalues). ``data`` gives the
     mask and the noise, not the values: the Jacobian does not read them."""
     lay = post.layout

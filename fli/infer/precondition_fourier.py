@@ -156,7 +156,7 @@ def build_fourier(post: Posterior, data: Data, ref, probes: int, key, log: loggi
 
     Returns the preconditioner and a summary: probes, gradient evaluations (2 a probe),
     seconds, and the table's largest value and how many bins exceed 1 (data-dominated)."""
-    from fli.infer.precondition import call_with_ad, check_ad, jtj_operator  # noqa: PLC0415
+    from fli.infer.lowrank import call_with_ad, check_ad, jtj_operator  # noqa: PLC0415
 
     log = log or logging.getLogger("fli")
     check_ad(ad)

@@ -24,7 +24,7 @@ def _psd(n, rank, seed=0):
 
 
 def test_lanczos_full_rank_matches_eigh_and_the_inverse():
-    from fli.infer.precondition import LowRank, lanczos_start, lanczos_steps, ritz, sqrt_cov
+    from fli.infer.lowrank import LowRank, lanczos_start, lanczos_steps, ritz, sqrt_cov
 
     n, rank = 200, 40
     a, lam_true = _psd(n, rank)
@@ -53,7 +53,7 @@ def linear():
 
 @pytest.mark.slow(seconds=175)  # 128 and 176 s in two CI runs, cold: the dense Jacobian, Lanczos 3 ways, the products
 def test_lowrank_whitens_the_linear_posterior(linear):
-    from fli.infer.precondition import build_lowrank, residual_flat, sqrt_cov, to_y, to_z
+    from fli.infer.lowrank import build_lowrank, residual_flat, sqrt_cov, to_y, to_z
 
     post, data, z = linear
     lay = post.layout

@@ -25,7 +25,7 @@ def linear():
 def _exact_table(post, data, z):
     """The bin averages of ``diag(F J^T J F^H)`` (unitary F) over the field's modes, with each
     stored mode counted as the modes of the full FFT it stands for."""
-    from fli.infer.precondition import residual_flat
+    from fli.infer.lowrank import residual_flat
     from fli.infer.precondition_fourier import table_shape
 
     lay, (nx, ny, nz) = post.layout, post.fwd.grid.shape
