@@ -107,6 +107,8 @@ class MuseResult:
         converged: whether the last Newton step was below ``tol`` times the MUSE sd.
         grad_evals: the gradient evaluations of every fit the estimate used, by any process
             and before any resume; grad_evals_here: those this process made in this run.
+        preconditioner: the fits' preconditioner (rank, its own gradient evaluations and
+            seconds, its largest and smallest eigenvalue), None where the fits were plain.
     """
 
     names: tuple[str, ...]
@@ -125,6 +127,7 @@ class MuseResult:
     grad_evals_here: int = 0
     theta_root_z: np.ndarray | None = None
     estimate: str = "root"
+    preconditioner: dict | None = None
 
     @property
     def sd_z(self) -> np.ndarray:

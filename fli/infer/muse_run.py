@@ -191,6 +191,10 @@ def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
                 f.write(json.dumps(rec) + "\n")
 
     res = m.run(theta0, on_iteration=on_iteration)
+    if pre is not None:
+        res.preconditioner = {"rank": info["rank"], "grad_evals": info["grad_evals"], "seconds": info["seconds"],
+                              "eigenvalue_largest": info["eigenvalues"][0],
+                              "eigenvalue_smallest": info["eigenvalues"][-1]}
     for name in res.unresolved():
         i = res.names.index(name)
         log.warning("MUSE: H's diagonal for %s is %.3g +- %.2g (its Monte Carlo se, %d simulations), not above %g "
@@ -234,7 +238,7 @@ def muse_block(res: MuseResult, post, settings, truth: dict | None) -> dict:
            "H": res.h.tolist(), "H_se": res.h_se.tolist(), "h_unresolved": res.unresolved(),
            "J": res.j.tolist(), "converged": res.converged,
            "iterations": len(res.history), "history": res.history, "grad_evals": res.grad_evals,
-           "grad_evals_this_run": res.grad_evals_here,
+           "grad_evals_this_run": res.grad_evals_here, "preconditioner": res.preconditioner,
            "seconds": res.seconds, "settings": dataclasses.asdict(settings),
            "units": "params, sd, cov: the mean and covariance of MUSE's latent Gaussian pushed through the prior "
                     "transform; median, interval68: the estimate and its central 68 % interval through it; "
@@ -245,7 +249,9 @@ def muse_block(res: MuseResult, post, settings, truth: dict | None) -> dict:
                     f"h_unresolved: the parameters whose diagonal of H is not above {H_RESOLVED:g} H_se (their sd "
                     "leans on the prior); "
                     "grad_evals: of every fit the estimate used (all processes, before any resume); "
-                    "grad_evals_this_run: of the fits this process made in this run"}
+                    "grad_evals_this_run: of the fits this process made in this run; "
+                    "preconditioner: the fits' preconditioner and its own cost (null: plain fits), "
+                    "outside grad_evals"}
     if truth:
         out["pull"] = {k: (phys["value"][k] - truth[k]) / phys["sd"][k] for k in truth if k in phys["value"]}
     return out

@@ -315,6 +315,9 @@ def test_fli_map_muse_reports_both_estimators_resumes_fit_by_fit_and_starts_wher
     assert m["estimator"] == "muse" and first["estimators"]["params"] == "joint MAP" and "muse" in first["estimators"]
     assert set(m["params"]) == {"Omega_c", "sigma8", "Omega_m", "S8"} and all(v > 0 for v in m["sd"].values())
     assert m["converged"] and (run / "estimates.png").stat().st_size > 0
+    # the fits preconditioned by default, the preconditioner's cost reported beside the fits'
+    assert m["settings"]["precondition_rank"] == 32 and m["preconditioner"]["rank"] == 32
+    assert m["preconditioner"]["grad_evals"] == 64 and m["preconditioner"]["eigenvalue_largest"] > 1
     for k, (lo, hi) in m["interval68"].items():  # the pushforward's mean and median inside its 68 % interval
         assert lo < m["median"][k] < hi and lo < m["params"][k] < hi, (k, lo, hi, m["median"][k], m["params"][k])
     _check_muse_field(run, m)
