@@ -17,10 +17,11 @@ field's entries alone) the fit moves ``y`` with ``s = C^{1/2} y``,
 It is taken at ``(theta_start, s = 0)``: the linear response about the homogeneous universe,
 which depends on neither the data nor a simulation, so that every fit of a run (the data's and
 every simulation's, at every theta) goes through one procedure fixed before any of them, as
-MUSE asks. Measured on a tiny TSC mock at sigma_e 0.05 (scripts/benchmark_field_fit.py), rank
-32 took a simulation's fit from 100-253 gradient evaluations to 30-62, to the same MAP (RMS
-difference 2-5e-5 per cell, within the stopping tolerance); the same rank taken at the data's
-own MAP did no better, and at a field drawn from the prior (nonlinear) worse. The stopping test
+MUSE asks. Measured on a tiny TSC mock at sigma_e 0.05 (scripts/benchmark_field_fit.py,
+docs/benchmarks.md), rank 32 took a simulation's fit from 92-184 gradient evaluations (mean 130)
+to 34-68 (mean 42), to the same MAP (RMS difference 3-5e-5 per cell, within the stopping
+tolerance); in a prototype on another mock the same rank taken at the data's own MAP did no
+better, and at a field drawn from the prior (nonlinear) worse. The stopping test
 stays on the field's own gradient, ``C^{-1/2} grad_y``, so preconditioned and plain fits stop at
 the same criterion.
 """
