@@ -284,3 +284,45 @@ def build_lowrank(post: Posterior, data: Data, ref, rank: int, key, log: logging
              "(largest) to %.3g (smallest kept; directions with eigenvalues << 1 are the prior's already)", k, n_at,
              seconds, 2 * k * n_at, lam[0], lam[-1])
     return pre, info
+
+
+# --------------------------------------------------------------------------- stored with a run
+
+
+def save_lowrank(path, post: Posterior, pre: LowRank, info: dict, local: bool = False) -> None:
+    """Write ``pre`` as (theta, field) pairs, a layout-independent form that any ``pdims``
+    reads back (:func:`load_lowrank`), and mark it complete last. ``local``: ``pre`` lives on
+    this process's own mesh (MUSE's ``spread=processes``), where every process holds the
+    same one; process 0 writes it whole."""
+    from fli.io import mark_complete, write_arrays  # noqa: PLC0415
+
+    lay = post.layout
+    theta, field = jax.jit(lay.unpack)(pre.ref)
+    vt, vf = jax.jit(jax.vmap(lay.unpack))(pre.vecs)
+    if local:  # numpy arrays: process 0 writes them, the others only meet it at the barriers
+        field, vf = np.asarray(field), np.asarray(vf)
+    write_arrays(path, {"ref_theta": np.asarray(theta), "ref_field": field, "vecs_theta": np.asarray(vt),
+                        "vecs_field": vf, "lam": np.asarray(pre.lam)}, info)
+    mark_complete(path, info)
+
+
+def load_lowrank(path, post: Posterior) -> tuple[LowRank, dict]:
+    """:class:`LowRank` saved by :func:`save_lowrank`, placed on this run's layout."""
+    from pathlib import Path  # noqa: PLC0415
+
+    import zarr  # noqa: PLC0415
+
+    from fli.config import ConfigError  # noqa: PLC0415
+    from fli.io import COMPLETE, read_array  # noqa: PLC0415
+
+    if not (Path(path) / COMPLETE).is_file():
+        raise ConfigError(f"{path} is not a complete preconditioner (the run stopped while writing it): remove it to "
+                          f"build it again")
+    lay, mesh = post.layout, post.fwd.grid.mesh
+    root = zarr.open_group(str(path), mode="r")
+    get = lambda name, leading=0: read_array(root[name], mesh, leading, where=f"{path}/{name}")
+    ref = jax.jit(lay.pack)(jnp.asarray(get("ref_theta")), get("ref_field"))
+    vecs = jax.jit(jax.vmap(lay.pack), out_shardings=NamedSharding(mesh, VECS_SPEC))(
+        jnp.asarray(get("vecs_theta")), get("vecs_field", 1))
+    lam = jax.device_put(jnp.asarray(get("lam"), ref.dtype), NamedSharding(mesh, P()))
+    return LowRank(ref, vecs, lam), dict(root.attrs)

@@ -34,6 +34,7 @@ from fli.infer.muse_result import H_RESOLVED, MuseResult
 SCORES = "muse_scores.jsonl"
 ITERATIONS = "muse_iterations.jsonl"
 FIELD = "muse_field.zarr"  # the data's field MAP at the estimate: a chain's start (fli.infer.start)
+PRECONDITIONER = "muse_preconditioner.zarr"  # the fits' preconditioner, built once per run (fits_preconditioner)
 
 MUSE_NOTE = (
     "MUSE (Millea & Seljak 2022): the MUSE score s(theta) = g(theta, d) - <g(theta, x_i)>, where g is "
@@ -145,6 +146,31 @@ def local_posterior(cfg):
     return post, make_data(obs, post.fwd, post.ell_max)
 
 
+def fits_preconditioner(post, data, theta0, rank: int, run_dir: Path, local: bool, log: logging.Logger):
+    """The field fits' preconditioner (:func:`fli.infer.field_fit.field_preconditioner`) at
+    ``theta0``: read from ``run_dir``/:data:`PRECONDITIONER` where a previous start of this run
+    stored it, else built and stored there. A resume then neither compiles nor runs its Lanczos
+    build again (about 2 minutes on tiny PM, most of it compiling), and every fit of the run,
+    before and after the resume, uses the same one. ``local``: ``post`` is this process's own
+    mesh (``spread=processes``); every process builds the same one and process 0 stores it."""
+    from fli.infer.field_fit import field_preconditioner  # noqa: PLC0415
+    from fli.infer.lowrank import load_lowrank, save_lowrank  # noqa: PLC0415
+
+    path = Path(run_dir) / PRECONDITIONER
+    if path.exists():
+        pre, info = load_lowrank(path, post)
+        start = np.asarray(info.get("theta_start", []), np.float64)
+        if int(pre.lam.shape[0]) == rank and start.shape == np.shape(theta0) and np.array_equal(start, theta0):
+            log.info("MUSE: the fits' preconditioner read from %s (built in %.1f s)", path, info["seconds"])
+            return pre, info
+        log.warning("MUSE: %s was built at theta_z %s with rank %d, not this run's %s with rank %d: building it again",
+                    path, start.tolist(), int(pre.lam.shape[0]), np.asarray(theta0).tolist(), rank)
+    pre, info = field_preconditioner(post, data, theta0, rank, log)
+    info = {**info, "theta_start": np.asarray(theta0, np.float64).tolist()}
+    save_lowrank(path, post, pre, info, local=local)
+    return pre, info
+
+
 def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
     """MUSE on ``data`` into ``run_dir`` (see the module docstring). With
     ``inference.map.muse.spread=processes`` and several processes, each process fits its own
@@ -166,9 +192,7 @@ def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
     theta0 = np.zeros(post.prior.n) if start is None else np.asarray(start, np.float64)
     pre = None
     if settings.precondition_rank:
-        from fli.infer.field_fit import field_preconditioner  # noqa: PLC0415
-
-        pre, info = field_preconditioner(post, data, theta0, settings.precondition_rank, log)
+        pre, info = fits_preconditioner(post, data, theta0, settings.precondition_rank, run_dir, spread, log)
         log.info("MUSE: every field fit preconditioned by the top %d directions of the data's curvature at the "
                  "start (eigenvalues %.3g to %.3g; %d gradient evaluations)", info["rank"], info["eigenvalues"][0],
                  info["eigenvalues"][-1], info["grad_evals"])

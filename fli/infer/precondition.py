@@ -14,12 +14,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from fli.config import Config, ConfigError
-from fli.infer.lowrank import VECS_SPEC, LowRank, build_lowrank, to_y, to_z
+from fli.infer.lowrank import VECS_SPEC, LowRank, build_lowrank, load_lowrank, save_lowrank, to_y, to_z
 from fli.infer.model import Data, Posterior
 from fli.infer.sampler import LatentLayout, sharded_latent
 
@@ -49,38 +47,6 @@ def lowrank_latent(post: Posterior) -> LatentLayout:
 
 
 # --------------------------------------------------------------------------- stored with the run
-
-
-def save_lowrank(path: Path, post: Posterior, pre: LowRank, info: dict) -> None:
-    """Write ``pre`` as (theta, field) pairs, a layout-independent form that any ``pdims``
-    reads back (:func:`load_lowrank`), and mark it complete last."""
-    from fli.io import mark_complete, write_arrays  # noqa: PLC0415
-
-    lay = post.layout
-    theta, field = jax.jit(lay.unpack)(pre.ref)
-    vt, vf = jax.jit(jax.vmap(lay.unpack))(pre.vecs)
-    write_arrays(path, {"ref_theta": np.asarray(theta), "ref_field": field, "vecs_theta": np.asarray(vt),
-                        "vecs_field": vf, "lam": np.asarray(pre.lam)}, info)
-    mark_complete(path, info)
-
-
-def load_lowrank(path: Path, post: Posterior) -> tuple[LowRank, dict]:
-    """:class:`LowRank` saved by :func:`save_lowrank`, placed on this run's layout."""
-    import zarr  # noqa: PLC0415
-
-    from fli.io import COMPLETE, read_array  # noqa: PLC0415
-
-    if not (Path(path) / COMPLETE).is_file():
-        raise ConfigError(f"{path} is not a complete preconditioner (the run stopped while writing it): remove it to "
-                          f"build it again")
-    lay, mesh = post.layout, post.fwd.grid.mesh
-    root = zarr.open_group(str(path), mode="r")
-    get = lambda name, leading=0: read_array(root[name], mesh, leading, where=f"{path}/{name}")
-    ref = jax.jit(lay.pack)(jnp.asarray(get("ref_theta")), get("ref_field"))
-    vecs = jax.jit(jax.vmap(lay.pack), out_shardings=NamedSharding(mesh, VECS_SPEC))(
-        jnp.asarray(get("vecs_theta")), get("vecs_field", 1))
-    lam = jax.device_put(jnp.asarray(get("lam"), ref.dtype), NamedSharding(mesh, P()))
-    return LowRank(ref, vecs, lam), dict(root.attrs)
 
 
 def init_map_point(cfg: Config, post: Posterior, obs, what: str, otherwise: str = "") -> tuple[jax.Array, str]:

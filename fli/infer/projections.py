@@ -32,8 +32,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fli.config import Config, ConfigError
+from fli.infer.lowrank import VECS_SPEC, LowRank, build_lowrank, load_lowrank, save_lowrank
 from fli.infer.model import Data, Posterior
-from fli.infer.precondition import VECS_SPEC, LowRank, build_lowrank, init_map_point, load_lowrank, save_lowrank
+from fli.infer.precondition import init_map_point
 
 STORE = "projections.zarr"  # in the run directory, where the run built its own vectors
 LANCZOS_FACTOR = 3  # Lanczos steps per vector kept: the top Ritz vectors converge first, not at once

@@ -106,6 +106,37 @@ def test_the_field_preconditioner_holds_the_top_of_the_exact_curvature(linear):
     assert np.abs(v[:, off]).max() == 0.0  # the tails (theta, the dummies): never moved
 
 
+def test_a_resumed_run_reads_the_fits_preconditioner_it_stored(linear, tmp_path, caplog):
+    """fli.infer.muse_run.fits_preconditioner builds and stores it on a run's first start; the
+    next start reads the same arrays back and runs no Lanczos step (no gradient is evaluated:
+    the build's log line is absent); a store built at another start is not used."""
+    import logging
+
+    from fli.infer.muse_run import PRECONDITIONER, fits_preconditioner
+
+    _, post, data, _ = linear
+    log = logging.getLogger("test.muse.pre")
+    theta0 = np.array([0.1, -0.2])
+    with caplog.at_level(logging.INFO, logger="test.muse.pre"):
+        pre, info = fits_preconditioner(post, data, theta0, 8, tmp_path, False, log)
+    assert (tmp_path / PRECONDITIONER / "COMPLETE").is_file() and info["theta_start"] == [0.1, -0.2]
+    built = [r.message for r in caplog.records]
+    assert any("Lanczos" in m for m in built), built
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="test.muse.pre"):
+        again, info2 = fits_preconditioner(post, data, theta0, 8, tmp_path, False, log)
+    msgs = [r.message for r in caplog.records]
+    assert not any("Lanczos" in m for m in msgs) and any("read from" in m for m in msgs), msgs
+    for a, b in zip(pre, again):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert info2["grad_evals"] == info["grad_evals"] == 16  # the build's own cost, still reported
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="test.muse.pre"):
+        other, _ = fits_preconditioner(post, data, np.zeros(2), 8, tmp_path, False, log)
+    assert any("building it again" in r.message for r in caplog.records)
+    assert not np.array_equal(np.asarray(other.ref), np.asarray(pre.ref))
+
+
 def test_the_score_is_the_likelihoods_derivative_in_theta(linear):
     """Against central differences of U in theta, the field at its MAP held fixed."""
     from fli.infer.model import Latents
@@ -333,9 +364,12 @@ def test_fli_map_muse_reports_both_estimators_resumes_fit_by_fit_and_starts_wher
     # the joint MAP was at its end: nothing compiled or refitted for it, its Laplace block read back
     assert "is the fit's end: no optimiser step" in caplog.text and "compiled the optimiser step" not in caplog.text
     assert "Laplace: read back from" in caplog.text and "Laplace (exact Hessian)" not in caplog.text
+    # the fits' preconditioner read back, not built again; its cost still reported as the build's
+    assert "preconditioner read from" in caplog.text and "Lanczos step" not in caplog.text
     resumed = json.loads((run / "map.json").read_text())
     assert resumed["laplace"] == first["laplace"] and resumed["params"] == first["params"]
     again = resumed["muse"]
+    assert again["preconditioner"] == m["preconditioner"]
     assert len((run / "muse_scores.jsonl").read_text().splitlines()) == len(lines)  # the cut line dropped
     # the cost counts the fits read back too: the resumed run made about half of them itself
     assert again["grad_evals_this_run"] < 0.8 * again["grad_evals"], again["grad_evals_this_run"]
