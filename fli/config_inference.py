@@ -56,7 +56,7 @@ class PriorConfig:
 
 
 ESTIMATORS = ("joint", "muse")
-MUSE_SPREADS = ("mesh", "processes")
+MUSE_SPREADS = ("mesh", "processes", "files")
 MUSE_ESTIMATES = ("posterior", "root")  # inference.map.muse.estimate
 
 
@@ -92,8 +92,12 @@ class MuseConfig:
     # estimate with a prior). They differ where J exceeds H (fli/infer/muse_result.py)
     estimate: str = "posterior"
     # "mesh": each fit sharded over every device of every process, one fit after another;
-    # "processes": each process fits its own share of the simulations on its own devices
+    # "processes": each process fits its own share of the simulations on its own devices;
+    # "files": fli-map (one process) is worker 0 of `workers`, and `fli-muse-worker <run_dir> <k>`
+    # runs worker k anywhere that sees the run directory: they meet through their score files
+    # alone (no jax.distributed: a job array, machines with no network between them)
     spread: str = "mesh"
+    workers: int = 1  # spread=files: the number of workers, fli-map's own included (>= 2)
 
     def __post_init__(self) -> None:
         _check(self.n_sims >= 4, "inference.map.muse.n_sims", ">= 4 (their covariance is J)", self.n_sims)
@@ -117,6 +121,8 @@ class MuseConfig:
             _check(_finite(v) and v > 0, f"inference.map.muse.{k}", "> 0", v)
         _check(self.spread in MUSE_SPREADS, "inference.map.muse.spread", " or ".join(map(repr, MUSE_SPREADS)),
                self.spread)
+        _check(self.workers >= (2 if self.spread == "files" else 1), "inference.map.muse.workers",
+               ">= 2 with spread=files (fli-map is worker 0)" if self.spread == "files" else ">= 1", self.workers)
         _check(self.estimate in MUSE_ESTIMATES, "inference.map.muse.estimate",
                " or ".join(map(repr, MUSE_ESTIMATES)), self.estimate)
 

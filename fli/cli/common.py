@@ -77,6 +77,12 @@ def _setup_process(cfg: Config) -> None:
                           f"differ from {list(_PROCESS['distributed'])}, which this process started with: jobs "
                           "that change them need a launcher that starts a process per job "
                           "(hydra/launcher=submitit_local)")
+    setup_jax(cfg)
+
+
+def setup_jax(cfg: Config) -> None:
+    """float64 and the compilation cache, as the run's config asks (no jax.distributed: a
+    single process calls this alone, e.g. fli-muse-worker)."""
     if cfg.simulation.dtype == "float64":
         import jax  # noqa: PLC0415
 

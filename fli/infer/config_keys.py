@@ -49,7 +49,7 @@ SAMPLING_MAY_CHANGE = ("inference.num_samples", "inference.map", *PLACEMENT, "in
 MAP_MAY_CHANGE = ("inference.map.steps", "inference.map.tol", "inference.map.patience",
                   "inference.map.checkpoint_every", "inference.map.laplace", "inference.map.cg_tol",
                   "inference.map.cg_maxiter", "inference.map.compare_truth", "inference.map.estimator",
-                  "inference.map.muse.iterations", "inference.map.muse.spread",
+                  "inference.map.muse.iterations", "inference.map.muse.spread", "inference.map.muse.workers",
                   "inference.map.muse.j_sims", "inference.map.muse.estimate", *SAMPLER, *DIAGNOSE, "init",
                   *PLACEMENT, "mock", *MODEL_NEUTRAL)
 # chains of one posterior: the start differs between chains on purpose (R-hat compares chains
@@ -116,7 +116,8 @@ ADDED = {"inference.mclmc_energy_error": 5e-4, "inference.projections": 0, "lens
          "lensing.subparticles": 1, "lensing.pgd_alpha": 0.0, "lensing.pgd_mu": 0.0, "lensing.pgd_kl": 0.4,
          "lensing.pgd_ks": 1.0, "lensing.ell_max": None, "inference.map.muse.h_steps": None,
          "inference.map.muse.start": None, "inference.map.muse.j_sims": None, "simulation.assignment": "cic",
-         "inference.map.muse.estimate": "root", "inference.map.muse.precondition_rank": 0}
+         "inference.map.muse.estimate": "root", "inference.map.muse.precondition_rank": 0,
+         "inference.map.muse.workers": 1}
 ABSENT = "<absent>"
 _ABSENT = object()
 

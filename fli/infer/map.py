@@ -112,6 +112,9 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> 
     if mcfg.estimator == "muse" and mcfg.muse.start is not None and len(mcfg.muse.start) != post.prior.n:
         raise ConfigError(f"inference.map.muse.start has {len(mcfg.muse.start)} values: give one standardised "
                           f"latent per sampled parameter ({', '.join(post.names)}), or null for the prior's median")
+    if mcfg.estimator == "muse" and mcfg.muse.spread == "files" and jax.process_count() > 1:
+        raise ConfigError(f"inference.map.muse.spread=files: fli-map is worker 0, one process, but this run has "
+                          f"{jax.process_count()}: run it in one process, or use spread=processes")
     if mcfg.estimator == "muse" and mcfg.muse.spread == "processes":
         from fli.infer.muse_run import local_pdims  # noqa: PLC0415
 

@@ -55,7 +55,7 @@ class JsonlStore(ScoreStore):
     """A :class:`~fli.infer.muse.ScoreStore` backed by JSON-lines files in ``run_dir``: every
     ``muse_scores*.jsonl`` is read at start (a line cut short by a stop is skipped); this
     worker's own file (``muse_scores.jsonl`` for worker 0, ``muse_scores.p<rank>.jsonl`` for
-    the others of ``spread=processes``) is appended to and fsynced after every fit, where
+    the others of ``spread=processes`` or ``files``) is appended to and fsynced after every fit, where
     ``writes``. :meth:`wait` reads the other workers' files until the fits it needs are there."""
 
     POLL = (0.2, 5.0)  # [s] between reads of the other workers' files while waiting: the first, and at most
@@ -65,6 +65,7 @@ class JsonlStore(ScoreStore):
         run_dir = Path(run_dir)
         self.path = run_dir / (SCORES if rank == 0 else f"muse_scores.p{rank}.jsonl")
         self.writes, self.log = writes, log or logging.getLogger("fli")
+        self.waiting_hint = ""  # what the wait's log line adds: who holds the missing fits
         self.n_read = 0
         for p in sorted(run_dir.glob("muse_scores*.jsonl")):
             good = self._read(p)
@@ -95,7 +96,8 @@ class JsonlStore(ScoreStore):
 
     def wait(self, names: list[str], theta: np.ndarray) -> None:
         """Read the other workers' files until every one of ``names`` is there at ``theta``. A
-        worker that dies stops this one through jax.distributed's heartbeat, not here."""
+        process that dies under ``spread=processes`` stops this one through jax.distributed's
+        heartbeat; under ``spread=files`` this one waits until the worker is started again."""
         t0 = last = time.monotonic()
         pause = self.POLL[0]
         while True:
@@ -104,8 +106,8 @@ class JsonlStore(ScoreStore):
                 return
             if time.monotonic() - last > 60:
                 last = time.monotonic()
-                self.log.info("MUSE: waiting %.0f s for %d fits of the other processes (%s, ...)",
-                              last - t0, len(missing), missing[0])
+                self.log.info("MUSE: waiting %.0f s for %d fits of the other workers (%s, ...)%s",
+                              last - t0, len(missing), missing[0], self.waiting_hint)
             time.sleep(pause)
             pause = min(1.5 * pause, self.POLL[1])  # a long wait (fits of hours) reads the files seldom
             for p in self.path.parent.glob("muse_scores*.jsonl"):
@@ -181,6 +183,8 @@ def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
     settings = cfg.inference.map.muse
     spread = settings.spread == "processes" and jax.process_count() > 1
     rank, size = (jax.process_index(), jax.process_count()) if spread else (0, 1)
+    if settings.spread == "files":
+        size = settings.workers
     store = JsonlStore(run_dir, rank, writes=spread or is_writer(), log=log)
     if store.n_read:
         log.info("MUSE: resuming with %d fits already in %s", store.n_read, run_dir / SCORES)
@@ -188,6 +192,10 @@ def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
         post, data = local_posterior(cfg)
         log.info("MUSE: the fits spread over %d processes, each on its own %s mesh", size,
                  "x".join(map(str, post.fwd.grid.pdims)))
+    if settings.spread == "files":
+        log.info("MUSE: worker 0 of %d; the others run `fli-muse-worker %s <k>` (k = 1..%d) wherever this run "
+                 "directory can be read and written, and meet this one through their score files", size,
+                 run_dir, size - 1)
     start = settings.start
     theta0 = np.zeros(post.prior.n) if start is None else np.asarray(start, np.float64)
     pre = None

@@ -468,11 +468,13 @@ def test_broydens_newton_matrix_finds_the_root_where_the_expected_one_cycles():
 
 
 # 155 s measured alone (3 fli-map runs with Laplace, mostly compiling; j_sims 8); 143 s beside two
-# niced studies with the preconditioned fits, the compilation cache warm (2026-12-07)
-@pytest.mark.slow(seconds=155)
+# niced studies with the preconditioned fits, the compilation cache warm (2026-12-07). With the
+# files' run (a fourth fli-map and a fli-muse-worker, sharing the one-process run as reference):
+# 167 s beside two niced studies
+@pytest.mark.slow(seconds=170)
 @pytest.mark.multiprocess
 def test_muse_spread_over_two_processes_gives_the_one_process_estimate(tmp_path):
-    """``inference.map.muse.spread=processes``: 2 fli-map processes (scripts/launch_local.py,
+    """``inference.map.muse.spread=processes``, and ``spread=files`` below: 2 fli-map processes (scripts/launch_local.py,
     jax.distributed over gloo, 1 CPU device each) share the simulations' fits, each on its own
     1-device mesh, and meet through their score files. The same config in 1 process of 1 device
     must give the same estimate and covariance. Each fit runs the same compiled program on the
@@ -499,6 +501,22 @@ def test_muse_spread_over_two_processes_gives_the_one_process_estimate(tmp_path)
                           "distributed.local_device_count=1"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=900)
     assert one.returncode == 0, one.stderr[-3000:]
+    # spread=files: fli-map is worker 0 and fli-muse-worker worker 1, no jax.distributed between
+    # them; started together, the worker waits for fli-map's config and preconditioner
+    files = tmp_path / "files"
+    worker0 = subprocess.Popen([sys.executable, "-m", "fli.cli.map", *common, f"run_dir={files}",
+                                "distributed.local_device_count=1", "inference.map.muse.spread=files",
+                                "inference.map.muse.workers=2"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    worker1 = subprocess.run([sys.executable, "-m", "fli.cli.muse_worker", str(files), "1", "--timeout", "600"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    if worker1.returncode != 0:  # worker 0 would wait for its fits for ever
+        worker0.kill()
+    out0, _ = worker0.communicate(timeout=900)
+    assert worker0.returncode == 0 and worker1.returncode == 0, (out0[-3000:], worker1.stderr[-3000:])
+    assert "preconditioner read from" in worker1.stderr and "done after" in worker1.stderr, worker1.stderr[-2000:]
+    mine = [json.loads(line)["name"] for line in (files / "muse_scores.p1.jsonl").read_text().splitlines()]
+    assert mine and all(n.endswith(("/sim0", "/sim2", "/sim4", "/sim6")) for n in mine), mine[:6]
     two = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch_local.py"), "-n", "2",
                           "--devices-per-process", "1", "--", sys.executable, "-m", "fli.cli.map", *common,
                           f"run_dir={tmp_path / 'two'}", "distributed.pdims=[1,2]",
@@ -506,12 +524,12 @@ def test_muse_spread_over_two_processes_gives_the_one_process_estimate(tmp_path)
                          timeout=900)
     assert two.returncode == 0, (two.stdout[-3000:], two.stderr[-3000:])
     assert "MUSE: the fits spread over 2 processes, each on its own 1x1 mesh" in two.stdout + two.stderr
-    maps = [json.loads((tmp_path / d / "map.json").read_text()) for d in ("one", "two")]
+    maps = [json.loads((tmp_path / d / "map.json").read_text()) for d in ("one", "two", "files")]
     # the joint MAP ran on 1 device and on 2 devices of 2 processes: float32 sums in another order,
     # 30 steps; its Laplace widths agree to a percent (measured: 1e-3)
     for name, sd1 in maps[0]["laplace"]["marginal"]["std"].items():
         assert maps[1]["laplace"]["marginal"]["std"][name] == pytest.approx(sd1, rel=1e-2), name
-    a, b = (m["muse"] for m in maps)
+    a, b, c = (m["muse"] for m in maps)
     assert a["converged"] and b["converged"] and a["iterations"] == b["iterations"]
     # both workers made fits: worker 1's file holds the even simulations, 0, 2, 4 of each stage and
     # 6 of J's at the last point (j_sims = 8)
@@ -521,6 +539,44 @@ def test_muse_spread_over_two_processes_gives_the_one_process_estimate(tmp_path)
     sd = np.asarray(a["sd_z"])
     assert np.all(np.abs(np.asarray(a["theta_z"]) - b["theta_z"]) <= 1e-12 * sd), (a["theta_z"], b["theta_z"])
     assert np.allclose(a["cov_z"], b["cov_z"], rtol=1e-12, atol=0), (a["cov_z"], b["cov_z"])
+    # the files' run: one process of one device, as "one", so its joint MAP is the same too
+    assert c["converged"] and c["iterations"] == a["iterations"] and c["grad_evals"] == a["grad_evals"]
+    assert np.all(np.abs(np.asarray(a["theta_z"]) - c["theta_z"]) <= 1e-12 * sd), (a["theta_z"], c["theta_z"])
+    assert np.allclose(a["cov_z"], c["cov_z"], rtol=1e-12, atol=0), (a["cov_z"], c["cov_z"])
+    assert c["grad_evals_this_run"] < 0.8 * c["grad_evals"]  # worker 1 made its share
+
+
+def test_fli_muse_worker_refuses_a_run_it_cannot_join(tmp_path, capsys):
+    """A run not spread over files, a worker number outside 1..workers-1, no such directory:
+    one line naming what is wrong and what would do, exit status 2, nothing written."""
+    import yaml
+
+    from fli.cli.compose import compose
+    from fli.cli.muse_worker import main
+
+    for name, extra, want in (("mesh", ["inference.map.estimator=muse"], "inference.map.muse.spread=mesh"),
+                              ("joint", [], "inference.map.estimator=joint"),
+                              ("three", ["inference.map.estimator=muse", "inference.map.muse.spread=files",
+                                         "inference.map.muse.workers=3"], "workers are 1 to 2")):
+        run = tmp_path / name
+        run.mkdir()
+        _, resolved = compose([*LINEAR, *extra])
+        (run / "config.yaml").write_text(yaml.safe_dump(resolved))
+        (run / "fli-run.json").write_text("{}")  # what the worker waits for: fli-map has started
+        assert main([str(run), "3", "--timeout", "60"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("fli-muse-worker: error: ") and want in err, err
+        assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "fli-run.json"]
+    assert main([str(tmp_path / "no" / "where"), "1"]) == 2
+    assert "is not a directory and cannot become one" in capsys.readouterr().err
+    # a run directory fli-map has not made yet is waited for (a job array may start its workers
+    # first), up to --timeout
+    assert main([str(tmp_path / "later"), "1", "--timeout", "0.5"]) == 2
+    assert "did not appear within" in capsys.readouterr().err
+    from fli.config import ConfigError
+
+    with pytest.raises(ConfigError, match="inference.map.muse.workers"):
+        compose([*LINEAR, "inference.map.muse.spread=files"])  # workers 1: files needs 2 or more
 
 
 def test_each_process_mesh_divides_pdims_along_an_axis_the_process_count_divides():
