@@ -2,8 +2,13 @@
 # Continue one MUSE run on the borrowed TPU machine's CPU cores (tool `device`), its fits spread
 # over P workers that meet through files (inference.map.muse.spread=files), within a budget.
 #
-#   OUT=<results dir> BUDGET=<seconds> RUN=<run dir> MOCK=<mock dir> [P=12] \
+#   OUT=<results dir> BUDGET=<seconds> RUN=<run dir> MOCK=<mock dir> [P=12] [FROM=0] \
 #       bash scripts/tpu_muse_spread.sh <the run's fli-map overrides>
+#
+# FROM=k > 0: only workers k..P-1 run here (no fli-map); workers 0..k-1 run elsewhere (fli-map
+# and fli-muse-worker on the machine that lent the run directory, already started with
+# inference.map.muse.workers=P), and the score files of workers k..P-1 that come back are copied
+# into its run directory, where the waiting workers read them.
 #
 # RUN and MOCK are carried (under .tpu-study/, ignored). RUN is a fli-map MUSE run started on
 # this machine in one process and stopped once its first fits began: its joint MAP is at its
@@ -31,16 +36,20 @@ echo "fli-map and $(( P - 1 )) workers, ${LEFT} s left; fits so far: $(cat "$RUN
 export JAX_PLATFORMS=cpu PYTHONUNBUFFERED=1 JAX_LOG_COMPILES=0
 # one XLA thread pool per process would put P x 13 threads on 13 cores
 export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-timeout -s TERM "$LEFT" python3 -m fli.cli.map "$@" mock="$MOCK" run_dir="$RUN" inference.map.muse.spread=files \
-  "inference.map.muse.workers=$P" progress=false > "$OUT/worker_0.log" 2>&1 &
-# the workers read the run's config.yaml: wait until fli-map has written this start's (spread=files)
-for _ in $(seq 1 120); do grep -q "spread: files" "$RUN/config.yaml" 2>/dev/null && break; sleep 1; done
-for k in $(seq 1 $(( P - 1 ))); do
+FROM=${FROM:-0}
+if [ "$FROM" -eq 0 ]; then
+  timeout -s TERM "$LEFT" python3 -m fli.cli.map "$@" mock="$MOCK" run_dir="$RUN" inference.map.muse.spread=files \
+    "inference.map.muse.workers=$P" progress=false > "$OUT/worker_0.log" 2>&1 &
+  # the workers read the run's config.yaml: wait until fli-map has written this start's (spread=files)
+  for _ in $(seq 1 120); do grep -q "spread: files" "$RUN/config.yaml" 2>/dev/null && break; sleep 1; done
+  FROM=1
+fi
+for k in $(seq "$FROM" $(( P - 1 ))); do
   timeout -s TERM "$LEFT" python3 -m fli.cli.muse_worker "$RUN" "$k" --mock "$MOCK" > "$OUT/worker_$k.log" 2>&1 &
 done
 wait
 echo "fits now: $(cat "$RUN"/muse_scores*.jsonl 2>/dev/null | wc -l)"
-tail -n 12 "$OUT/worker_0.log"
-for k in $(seq 1 $(( P - 1 ))); do echo "worker $k: $(tail -n 1 "$OUT/worker_$k.log" | cut -c1-160)"; done
+[ -f "$OUT/worker_0.log" ] && tail -n 12 "$OUT/worker_0.log"
+for k in $(seq "$FROM" $(( P - 1 ))); do echo "worker $k: $(tail -n 1 "$OUT/worker_$k.log" | cut -c1-160)"; done
 tar czf "$OUT/run.tgz" -C "$RUN" .
 echo "done after $(( $(date +%s) - T0 )) s"
