@@ -193,6 +193,7 @@ def run_muse(cfg, run_dir: Path, post, data, log: logging.Logger) -> MuseResult:
         log.info("MUSE: the fits spread over %d processes, each on its own %s mesh", size,
                  "x".join(map(str, post.fwd.grid.pdims)))
     if settings.spread == "files":
+        store.waiting_hint = f"; a worker that stopped is started again with `fli-muse-worker {run_dir} <k>`"
         log.info("MUSE: worker 0 of %d; the others run `fli-muse-worker %s <k>` (k = 1..%d) wherever this run "
                  "directory can be read and written, and meet this one through their score files", size,
                  run_dir, size - 1)
