@@ -40,8 +40,24 @@ def _load(path: Path, what: str) -> dict:
         raise SystemExit(f"--{what} {path}: cannot read it as JSON ({e})") from None
 
 
+def from_record(rec: dict) -> dict:
+    """An earlier comparison's JSON (this script's ``--json``) read as the chains' diagnostics:
+    their summaries per parameter and their run, where the chains' own files are gone (another
+    machine) and MUSE is compared with them again."""
+    run = rec.get("chains_run") or {}
+    rate = run.get("S8_ess_bulk_per_1000_grads")
+    return {"params": {k: v["chains"] for k, v in rec["params"].items()}, "chains": run.get("chains"),
+            "draws_per_chain": run.get("draws_per_chain"), "verdict": run.get("verdict"),
+            "efficiency": {"gradient_evals": run.get("post_warmup_gradient_evals"), "seconds": run.get("seconds"),
+                           "params": {"S8": {"ess_bulk_per_1000_grads": rate}}},
+            "from_record": rec.get("chains_source")}
+
+
 def compare(muse_map: dict, diag: dict) -> dict:
-    """The comparison, per parameter, and the verdict on S8."""
+    """The comparison, per parameter, and the verdict on S8. ``diag``: fli-diagnose's
+    diagnostics.json, or an earlier comparison's JSON (:func:`from_record`)."""
+    if "muse_source" in diag and "params" in diag:
+        diag = from_record(diag)
     muse = muse_map.get("muse")
     if not muse or "params" not in muse:
         raise SystemExit("--muse: map.json has no 'muse' block (run fli-map with inference.map.estimator=muse)")
@@ -129,7 +145,9 @@ def figure(muse_map: dict, draws_nc: Path, overrides: list[str], path: Path) -> 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--muse", type=Path, required=True, help="fli-map's map.json of a MUSE run")
-    ap.add_argument("--chains", type=Path, required=True, help="fli-diagnose's diagnostics.json of chains on that mock")
+    ap.add_argument("--chains", type=Path, required=True,
+                    help="fli-diagnose's diagnostics.json of chains on that mock, or an earlier comparison's --json "
+                         "(its chains' summaries, where their files are gone)")
     ap.add_argument("--note", default="", help="what the mock and runs were, kept in the JSON")
     ap.add_argument("--json", type=Path, help="write the comparison here too")
     ap.add_argument("--draws", type=Path, help="fli-diagnose's chains.nc, for --figure")

@@ -42,6 +42,19 @@ def test_offset_ratio_and_verdict(script):
     assert res["chains_run"]["post_warmup_grads_to_ess_400"] == pytest.approx(80000.0)
 
 
+def test_an_earlier_comparison_stands_in_for_the_chains_files(script):
+    """Its chains' summaries and run, read back, give the comparison the diagnostics gave: the
+    chains' files may be gone (another machine) when MUSE is run again."""
+    muse, diag = _inputs(0.82, 0.11)
+    first = {"note": "", "muse_source": "a/map.json", "chains_source": "d/diagnostics.json",
+             **script.compare(muse, diag)}
+    muse["muse"]["params"]["S8"] = 0.85  # a new MUSE run: offset 0.5 sd against the same chains
+    again = script.compare(muse, json.loads(json.dumps(first)))
+    assert again["params"]["S8"]["offset"] == pytest.approx(0.5) and not again["criterion"]["offset_ok"]
+    assert again["params"]["S8"]["chains"] == first["params"]["S8"]["chains"]
+    assert again["chains_run"] == first["chains_run"]
+
+
 @pytest.mark.parametrize("value, sd, which", [(0.84, 0.10, "offset_ok"), (0.80, 0.13, "sd_ratio_ok"),
                                               (0.80, 0.07, "sd_ratio_ok")])
 def test_each_bound_can_fail(script, value, sd, which):
