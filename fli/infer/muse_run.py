@@ -152,9 +152,10 @@ def fits_preconditioner(post, data, theta0, rank: int, run_dir: Path, local: boo
     """The field fits' preconditioner (:func:`fli.infer.field_fit.field_preconditioner`) at
     ``theta0``: read from ``run_dir``/:data:`PRECONDITIONER` where a previous start of this run
     stored it, else built and stored there. A resume then neither compiles nor runs its Lanczos
-    build again (about 2 minutes on tiny PM, most of it compiling), and every fit of the run,
-    before and after the resume, uses the same one. ``local``: ``post`` is this process's own
-    mesh (``spread=processes``); every process builds the same one and process 0 stores it."""
+    build again (80 s on tiny PM, its compile included: pair 0's run, 2026-12-07), and every
+    fit of the run, before and after the resume, uses the same one. ``local``: ``post`` is this
+    process's own mesh (``spread=processes``); every process builds the same one and process 0
+    stores it."""
     from fli.infer.field_fit import field_preconditioner  # noqa: PLC0415
     from fli.infer.lowrank import load_lowrank, save_lowrank  # noqa: PLC0415
 
