@@ -19,7 +19,10 @@ PROG = "fli-muse-worker"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    parser = argparse.ArgumentParser(prog=PROG, description=(
+        "Worker k of a fli-map MUSE run whose workers meet through files: start fli-map with "
+        "inference.map.estimator=muse inference.map.muse.spread=files inference.map.muse.workers=P (worker 0), "
+        "then this command for k = 1..P-1 wherever the run directory is shared."))
     parser.add_argument("run_dir", help="the fli-map run directory (inference.map.muse.spread=files)")
     parser.add_argument("worker", type=int, help="this worker's number, 1 to inference.map.muse.workers - 1")
     parser.add_argument("--mock", help="the observation's path on this machine, where it differs from the run's "
