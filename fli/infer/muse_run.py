@@ -323,5 +323,6 @@ def estimates_figure(out: dict, path: Path) -> Path:
         ax.set_xlabel(k)
     fig.legend(*axes[0][0].get_legend_handles_labels(), fontsize=7, loc="outside lower center", ncols=4)
     fig.suptitle(f"parameter estimates ({muse['settings']['n_sims']} simulations, "
-                 f"{muse['iterations']} MUSE iterations{'' if muse['converged'] else ', not converged'})")
+                 f"{muse['iterations']} MUSE iteration{'' if muse['iterations'] == 1 else 's'}"
+                 f"{'' if muse['converged'] else ', not converged'})")
     return save_figure(fig, path)
