@@ -158,9 +158,12 @@ def fits_preconditioner(post, data, theta0, rank: int, run_dir: Path, local: boo
     stores it."""
     from fli.infer.field_fit import field_preconditioner  # noqa: PLC0415
     from fli.infer.lowrank import load_lowrank, save_lowrank  # noqa: PLC0415
+    from fli.io import COMPLETE  # noqa: PLC0415
 
     path = Path(run_dir) / PRECONDITIONER
-    if path.exists():
+    if path.exists() and not (path / COMPLETE).is_file():  # a stop while it was written: build it again
+        log.info("MUSE: %s is incomplete (a stop while it was written): building it again", path)
+    elif path.exists():
         pre, info = load_lowrank(path, post)
         start = np.asarray(info.get("theta_start", []), np.float64)
         if int(pre.lam.shape[0]) == rank and start.shape == np.shape(theta0) and np.array_equal(start, theta0):

@@ -127,7 +127,7 @@ def test_a_resumed_run_reads_the_fits_preconditioner_it_stored(linear, tmp_path,
         again, info2 = fits_preconditioner(post, data, theta0, 8, tmp_path, False, log)
     msgs = [r.message for r in caplog.records]
     assert not any("Lanczos" in m for m in msgs) and any("read from" in m for m in msgs), msgs
-    for a, b in zip(pre, again):
+    for a, b in zip(pre, again, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert info2["grad_evals"] == info["grad_evals"] == 16  # the build's own cost, still reported
     caplog.clear()
@@ -135,6 +135,13 @@ def test_a_resumed_run_reads_the_fits_preconditioner_it_stored(linear, tmp_path,
         other, _ = fits_preconditioner(post, data, np.zeros(2), 8, tmp_path, False, log)
     assert any("building it again" in r.message for r in caplog.records)
     assert not np.array_equal(np.asarray(other.ref), np.asarray(pre.ref))
+    # a store cut short by a stop (no COMPLETE marker) is built again, not refused
+    (tmp_path / PRECONDITIONER / "COMPLETE").unlink()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="test.muse.pre"):
+        fits_preconditioner(post, data, theta0, 8, tmp_path, False, log)
+    assert any("is incomplete" in r.message for r in caplog.records)
+    assert (tmp_path / PRECONDITIONER / "COMPLETE").is_file()
 
 
 def test_the_score_is_the_likelihoods_derivative_in_theta(linear):
@@ -474,8 +481,8 @@ def test_broydens_newton_matrix_finds_the_root_where_the_expected_one_cycles():
 @pytest.mark.slow(seconds=170)
 @pytest.mark.multiprocess
 def test_muse_spread_over_two_processes_gives_the_one_process_estimate(tmp_path):
-    """``inference.map.muse.spread=processes``, and ``spread=files`` below: 2 fli-map processes (scripts/launch_local.py,
-    jax.distributed over gloo, 1 CPU device each) share the simulations' fits, each on its own
+    """``inference.map.muse.spread=processes``, and ``spread=files`` below: 2 fli-map processes
+    (scripts/launch_local.py, jax.distributed over gloo, 1 CPU device each) share the simulations' fits, each on its own
     1-device mesh, and meet through their score files. The same config in 1 process of 1 device
     must give the same estimate and covariance. Each fit runs the same compiled program on the
     same inputs from the same start (the data and simulation i stay with one worker), so the
