@@ -148,6 +148,23 @@ def local_posterior(cfg):
     return post, make_data(obs, post.fwd, post.ell_max)
 
 
+def stored_preconditioner(path: Path, post, theta0, rank: int):
+    """The fits' preconditioner stored at ``path`` (:func:`fits_preconditioner`) and its
+    summary, where it is complete and was built at ``theta0`` with ``rank``; else None and
+    why not."""
+    from fli.infer.lowrank import load_lowrank  # noqa: PLC0415
+    from fli.io import COMPLETE  # noqa: PLC0415
+
+    if not (Path(path) / COMPLETE).is_file():
+        return None, "is incomplete (a stop while it was written)"
+    pre, info = load_lowrank(path, post)
+    start, have = np.asarray(info.get("theta_start", []), np.float64), int(pre.lam.shape[0])
+    if have == rank and start.shape == np.shape(theta0) and np.array_equal(start, theta0):
+        return pre, info
+    return None, (f"was built at theta_z {start.tolist()} with rank {have}, not at this run's "
+                  f"{np.asarray(theta0).tolist()} with rank {rank}")
+
+
 def fits_preconditioner(post, data, theta0, rank: int, run_dir: Path, local: bool, log: logging.Logger):
     """The field fits' preconditioner (:func:`fli.infer.field_fit.field_preconditioner`) at
     ``theta0``: read from ``run_dir``/:data:`PRECONDITIONER` where a previous start of this run
@@ -157,20 +174,15 @@ def fits_preconditioner(post, data, theta0, rank: int, run_dir: Path, local: boo
     process's own mesh (``spread=processes``); every process builds the same one and process 0
     stores it."""
     from fli.infer.field_fit import field_preconditioner  # noqa: PLC0415
-    from fli.infer.lowrank import load_lowrank, save_lowrank  # noqa: PLC0415
-    from fli.io import COMPLETE  # noqa: PLC0415
+    from fli.infer.lowrank import save_lowrank  # noqa: PLC0415
 
     path = Path(run_dir) / PRECONDITIONER
-    if path.exists() and not (path / COMPLETE).is_file():  # a stop while it was written: build it again
-        log.info("MUSE: %s is incomplete (a stop while it was written): building it again", path)
-    elif path.exists():
-        pre, info = load_lowrank(path, post)
-        start = np.asarray(info.get("theta_start", []), np.float64)
-        if int(pre.lam.shape[0]) == rank and start.shape == np.shape(theta0) and np.array_equal(start, theta0):
+    if path.exists():
+        pre, info = stored_preconditioner(path, post, theta0, rank)
+        if pre is not None:
             log.info("MUSE: the fits' preconditioner read from %s (built in %.1f s)", path, info["seconds"])
             return pre, info
-        log.warning("MUSE: %s was built at theta_z %s with rank %d, not this run's %s with rank %d: building it again",
-                    path, start.tolist(), int(pre.lam.shape[0]), np.asarray(theta0).tolist(), rank)
+        log.warning("MUSE: %s %s: building it again", path, info)
     pre, info = field_preconditioner(post, data, theta0, rank, log)
     info = {**info, "theta_start": np.asarray(theta0, np.float64).tolist()}
     save_lowrank(path, post, pre, info, local=local)

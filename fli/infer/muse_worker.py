@@ -55,10 +55,9 @@ def run_worker(run_dir: Path, worker: int, log: logging.Logger, mock: str | None
     called with the run's config before any device is used (the command's devices and JAX
     settings)."""
     from fli.config import to_config  # noqa: PLC0415
-    from fli.infer.lowrank import load_lowrank  # noqa: PLC0415
     from fli.infer.map import prepare  # noqa: PLC0415
     from fli.infer.muse import Muse  # noqa: PLC0415
-    from fli.infer.muse_run import PRECONDITIONER, JsonlStore  # noqa: PLC0415
+    from fli.infer.muse_run import PRECONDITIONER, JsonlStore, stored_preconditioner  # noqa: PLC0415
     from fli.io import COMPLETE  # noqa: PLC0415
 
     run_dir = Path(run_dir)
@@ -91,10 +90,9 @@ def run_worker(run_dir: Path, worker: int, log: logging.Logger, mock: str | None
     if settings.precondition_rank:
         path = run_dir / PRECONDITIONER
         _wait_for(path / COMPLETE, "fli-map builds the fits' preconditioner after its joint MAP", log, timeout)
-        pre, info = load_lowrank(path, post)
-        if not np.array_equal(np.asarray(info.get("theta_start", []), np.float64), theta0):
-            raise ConfigError(f"{path} was built at theta_z {info.get('theta_start')}, not at this run's start "
-                              f"{theta0.tolist()}: it belongs to another run")
+        pre, why = stored_preconditioner(path, post, theta0, settings.precondition_rank)
+        if pre is None:
+            raise ConfigError(f"{path} {why}: it is not this run's; start fli-map (worker 0) on {run_dir} again")
         log.info("MUSE worker %d of %d: the fits' preconditioner read from %s", worker, settings.workers, path)
     store = JsonlStore(run_dir, worker, writes=True, log=log)
     store.waiting_hint = (f"; a worker that stopped is started again with `fli-muse-worker {run_dir} <k>`, "
