@@ -43,6 +43,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp  # noqa: PLC0415
 
     from fli.cli.compose import compose  # noqa: PLC0415
+    from fli.files import write_json  # noqa: PLC0415
     from fli.infer.field_fit import FieldSolver, field_preconditioner  # noqa: PLC0415
     from fli.infer.map import prepare  # noqa: PLC0415
     from fli.infer.muse import MUSE_STREAM, make_simulator  # noqa: PLC0415
@@ -99,7 +100,7 @@ def main(argv=None) -> int:
     print(json.dumps(out["summary"], indent=1))
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_json(a.json, out)  # written aside and renamed: never half a record
     return 0
 
 

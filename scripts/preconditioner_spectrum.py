@@ -17,7 +17,6 @@ the mock is made here from the model itself with no shape noise drawn.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -53,6 +52,7 @@ def main(argv=None) -> int:
     import numpy as np  # noqa: PLC0415
 
     from fli.cli.compose import compose  # noqa: PLC0415
+    from fli.files import write_json  # noqa: PLC0415
     from fli.infer import precondition as lr  # noqa: PLC0415
     from fli.infer import precondition_fourier as pf  # noqa: PLC0415
     from fli.infer.model import Latents, build_posterior, make_data  # noqa: PLC0415
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
         report(name, k, {key: info[key] for key in ("grad_evals", "seconds") if key in info})
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_json(a.json, out)  # written aside and renamed: never half a record
     return 0
 
 
