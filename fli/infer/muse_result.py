@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fli.infer.model import Posterior
-from fli.infer.priors import gaussian_pushforward
+from fli.infer.priors import gaussian_pushforward, gaussian_quantiles
 
+CENTRAL68_LOW = 0.15865525393145707  # Phi(-1): a central 68 % interval's lower quantile
 H_RESOLVED = 2.0  # a diagonal of H counts as measured above this many of its standard errors
 
 
@@ -215,8 +216,10 @@ class MuseResult:
         delta method at the estimate overstates a uniform prior's width by up to 1.38x.
         ``median`` is the estimate itself through the transform (``root_median`` the root of F
         through it, where the estimate is the posterior's mean), and ``interval68`` the
-        Gaussian's central 68 % interval through it (exact for the sampled parameters, each a
-        monotone function of its own latent). ``mc_sd``, the estimate's Monte Carlo error, is
+        Gaussian's central 68 % interval through it: exact for the sampled parameters, each a
+        monotone function of its own latent; for the derived Omega_m and S8 the 16th and 84th
+        percentiles of the pushforward (:func:`fli.infer.priors.gaussian_quantiles`, to 0.004
+        of their sd). ``mc_sd``, the estimate's Monte Carlo error, is
         ``mc_cov`` (default ``mc_cov_z``, the mean score's part) through the transform to first
         order (delta method), the error being small.
         """
@@ -232,8 +235,13 @@ class MuseResult:
         sd = lambda c: {k: float(math.sqrt(max(c[i, i], 0.0))) for i, k in enumerate(names)}
         lo, hi = (np.asarray(post.prior(jnp.asarray(self.theta_z + sign * self.sd_z, dt)), np.float64)
                   for sign in (-1, 1))
+        interval = {k: [float(lo[i]), float(hi[i])] for i, k in enumerate(post.names)}
+        derived = [i for i, k in enumerate(names) if k not in interval]
+        if derived:  # Omega_m, S8: functions of several latents, their quantiles from draws
+            q = gaussian_quantiles(self.theta_z, self.cov_z, batch, [CENTRAL68_LOW, 1 - CENTRAL68_LOW])
+            interval.update({names[i]: [float(q[0, i]), float(q[1, i])] for i in derived})
         root = None if self.theta_root_z is None else {
             k: float(v) for k, v in post.params(jnp.asarray(self.theta_root_z, dt)).items()}
         return {"names": names, "value": {k: float(mean[i]) for i, k in enumerate(names)}, "sd": sd(cov),
                 "cov": cov.tolist(), "median": median, "root_median": root, "mc_sd": sd(mc),
-                "interval68": {k: [float(lo[i]), float(hi[i])] for i, k in enumerate(post.names)}}
+                "interval68": interval}

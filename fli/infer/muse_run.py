@@ -290,7 +290,9 @@ def muse_block(res: MuseResult, post, settings, truth: dict | None) -> dict:
            "grad_evals_this_run": res.grad_evals_here, "preconditioner": res.preconditioner,
            "seconds": res.seconds, "settings": dataclasses.asdict(settings),
            "units": "params, sd, cov: the mean and covariance of MUSE's latent Gaussian pushed through the prior "
-                    "transform; median, interval68: the estimate and its central 68 % interval through it; "
+                    "transform; median, interval68: the estimate and its central 68 % interval through it (for Omega_m "
+                    "and S8, which depend on several latents, the interval's ends are the 16th and 84th percentiles "
+                    "of 200000 draws of the Gaussian through it); "
                     "root_median: theta_root_z through it; "
                     "mc_sd: the bootstrap's covariance through the transform (delta method); "
                     "*_z: standardised latents; "

@@ -136,3 +136,24 @@ def gaussian_pushforward(mean_z, cov_z, fn, max_points: int = PUSHFORWARD_POINTS
     mean = weights @ vals
     dev = vals - mean
     return mean, (dev * weights[:, None]).T @ dev
+
+
+PUSHFORWARD_DRAWS = 200_000  # the draws behind a pushforward's quantiles (gaussian_quantiles)
+
+
+def gaussian_quantiles(mean_z, cov_z, fn, q, n_draws: int = PUSHFORWARD_DRAWS, seed: int = 0) -> np.ndarray:
+    """Quantiles ``q`` ``[k]`` of each component of ``fn(z)`` for ``z ~ N(mean_z, cov_z)``:
+    ``[k, m]`` (host, float64), from ``n_draws`` draws of a fixed seed.
+
+    For a component that is a monotone function of one latent (a sampled parameter through its
+    prior) the quantiles follow in closed form from that latent's; this is for those that are
+    not (Omega_m, S8 through several latents). The Monte Carlo error of a central 68 %
+    interval's end with the default draws: ``sqrt(0.16 x 0.84 / 200000) / phi(1)``, 0.0036 of
+    the component's sd for a Gaussian one.
+    """
+    mean_z, cov_z = np.asarray(mean_z, np.float64), np.asarray(cov_z, np.float64)
+    w_eig, v = np.linalg.eigh(0.5 * (cov_z + cov_z.T))
+    root = v * np.sqrt(np.clip(w_eig, 0.0, None))
+    eps = np.random.default_rng(seed).standard_normal((n_draws, mean_z.shape[0]))
+    vals = np.asarray(fn(mean_z + eps @ root.T), np.float64)
+    return np.quantile(vals, np.asarray(q, np.float64), axis=0)

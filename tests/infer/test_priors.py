@@ -74,3 +74,23 @@ def test_the_delta_method_overstates_a_uniform_priors_width_and_the_pushforward_
         delta = float(pt.jacobian(jnp.zeros(1, jnp.float64))[0])
     assert abs(np.sqrt(c[0, 0]) - 0.3 / np.sqrt(12)) < 1e-6
     assert abs(delta / (0.3 / np.sqrt(12)) - np.sqrt(12) * stats.norm.pdf(0)) < 1e-9  # 1.382
+
+
+@pytest.mark.parametrize("mu, cov", [
+    (np.array([-0.6, 0.4]), np.array([[0.38, -0.11], [-0.11, 0.07]])),  # MUSE's on a linear mock (map_000)
+    (np.array([0.3, -1.2]), np.array([[0.9, 0.25], [0.25, 0.16]])),
+])
+def test_the_pushforwards_quantiles_of_a_product_have_the_closed_form(mu, cov):
+    """S8's shape, ``sigma8 sqrt(Omega_m)``, with lognormal priors: ``exp(z1) exp(z0) ** 0.5`` is
+    the exponential of ``a . z``, a Gaussian of mean ``a . mu`` and variance ``a^T cov a``, so its
+    quantiles are ``exp(a . mu + sqrt(a^T cov a) Phi^-1(q))``. The draws put an interval's end within
+    0.0036 sd of it (the docstring's figure, for 200000 draws); 0.02 sd is 5.5 of those."""
+    from fli.infer.priors import gaussian_quantiles
+
+    a = np.array([0.5, 1.0])
+    q = np.array([stats.norm.cdf(-1), 0.5, stats.norm.cdf(1)])
+    fn = lambda z: np.stack([np.exp(z[:, 0]), np.exp(z @ a)], -1)
+    got = gaussian_quantiles(mu, cov, fn, q)
+    for col, w in ((0, np.array([1.0, 0.0])), (1, a)):
+        m, s = w @ mu, np.sqrt(w @ cov @ w)
+        np.testing.assert_allclose((np.log(got[:, col]) - m) / s, stats.norm.ppf(q), atol=0.02)
