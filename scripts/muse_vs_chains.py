@@ -17,6 +17,10 @@ reported apart when the chains' runs are given).
 
     python scripts/muse_vs_chains.py --muse docs/bench/muse_tsc_pair0_map.json \\
         --chains <fli-diagnose run>/diagnostics.json --json docs/bench/muse_vs_mclmc_pm_tsc.json
+
+``--chains`` given several times reads independent runs of chains on the same mock and model as
+one reference (:func:`combine`): a run whose draws are gone (an earlier comparison's JSON)
+beside new runs' diagnostics.
 """
 
 from __future__ import annotations
@@ -51,6 +55,41 @@ def from_record(rec: dict) -> dict:
             "efficiency": {"gradient_evals": run.get("post_warmup_gradient_evals"), "seconds": run.get("seconds"),
                            "params": {"S8": {"ess_bulk_per_1000_grads": rate}}},
             "from_record": rec.get("chains_source")}
+
+
+def combine(diags: list[dict]) -> dict:
+    """Independent runs of chains on one posterior (each fli-diagnose's diagnostics.json or an
+    earlier comparison's JSON), read as one: per parameter the mean and the sd are each
+    inverse-variance weighted by their parts' Monte Carlo errors (``mcse_mean``, ``mcse_sd``),
+    whose combined error is ``(sum 1 / mcse^2)^-1/2``; the ESSs, chains, gradient evaluations
+    and seconds add up; R-hat is the worst part's. For runs whose draws are not all at hand
+    (an earlier run's files gone): where they are, fli-diagnose over all the runs is better."""
+    parts = [from_record(d) if "muse_source" in d and "params" in d else d for d in diags]
+    if len(parts) == 1:
+        return parts[0]
+    params: dict = {}
+    for k in parts[0].get("params") or {}:
+        rows = [p["params"].get(k) for p in parts]
+        if any(r is None or not r.get("mcse_mean") or not r.get("mcse_sd") for r in rows):
+            continue  # a parameter some part lacks, or without its errors, is left out
+        row: dict = {}
+        for x in ("mean", "sd"):
+            w = [1.0 / r[f"mcse_{x}"] ** 2 for r in rows]
+            row[x] = sum(wi * r[x] for wi, r in zip(w, rows, strict=True)) / sum(w)
+            row[f"mcse_{x}"] = sum(w) ** -0.5
+        for x in ("ess_bulk", "ess_tail"):
+            row[x] = sum(r[x] for r in rows) if all(r.get(x) is not None for r in rows) else None
+        row["rhat"] = max((r["rhat"] for r in rows if r.get("rhat") is not None), default=None)
+        params[k] = row
+    effs = [p.get("efficiency") or {} for p in parts]
+    total = lambda key: sum(e[key] for e in effs) if all(e.get(key) is not None for e in effs) else None
+    grads, s8 = total("gradient_evals"), params.get("S8", {})
+    rate = 1000.0 * s8["ess_bulk"] / grads if grads and s8.get("ess_bulk") is not None else None
+    return {"params": params, "chains": sum(p.get("chains") or 0 for p in parts),
+            "draws_per_chain": [p.get("draws_per_chain") for p in parts], "verdict": [p.get("verdict") for p in parts],
+            "efficiency": {"gradient_evals": grads, "seconds": total("seconds"),
+                           "params": {"S8": {"ess_bulk_per_1000_grads": rate}}},
+            "combined_from": len(parts)}
 
 
 def compare(muse_map: dict, diag: dict) -> dict:
@@ -98,7 +137,7 @@ def compare(muse_map: dict, diag: dict) -> dict:
                          "post_warmup_gradient_evals": eff.get("gradient_evals"), "seconds": eff.get("seconds"),
                          "S8_ess_bulk_per_1000_grads": rate,
                          "post_warmup_grads_to_ess_400": None if not rate else 1000.0 * ESS_TARGET / rate,
-                         "verdict": diag.get("verdict")}
+                         "verdict": diag.get("verdict"), "combined_from": diag.get("combined_from")}
     return out
 
 
@@ -145,9 +184,10 @@ def figure(muse_map: dict, draws_nc: Path, overrides: list[str], path: Path) -> 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--muse", type=Path, required=True, help="fli-map's map.json of a MUSE run")
-    ap.add_argument("--chains", type=Path, required=True,
+    ap.add_argument("--chains", type=Path, required=True, action="append",
                     help="fli-diagnose's diagnostics.json of chains on that mock, or an earlier comparison's --json "
-                         "(its chains' summaries, where their files are gone)")
+                         "(its chains' summaries, where their files are gone); given again for independent runs, "
+                         "which are read as one (their summaries weighted by their Monte Carlo errors)")
     ap.add_argument("--note", default="", help="what the mock and runs were, kept in the JSON")
     ap.add_argument("--json", type=Path, help="write the comparison here too")
     ap.add_argument("--draws", type=Path, help="fli-diagnose's chains.nc, for --figure")
@@ -156,8 +196,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.figure is not None and a.draws is None:
         ap.error("--figure needs --draws (fli-diagnose's chains.nc)")
-    res = {"note": a.note, "muse_source": str(a.muse), "chains_source": str(a.chains),
-           **compare(_load(a.muse, "muse"), _load(a.chains, "chains"))}
+    diag = combine([_load(c, "chains") for c in a.chains])
+    res = {"note": a.note, "muse_source": str(a.muse),
+           "chains_source": str(a.chains[0]) if len(a.chains) == 1 else [str(c) for c in a.chains],
+           **compare(_load(a.muse, "muse"), diag)}
     text = json.dumps(res, indent=1)
     print(text)
     if a.json:
