@@ -102,6 +102,13 @@ class PriorTransform:
         return jnp.moveaxis(jnp.stack([self._one(i, z[..., i]) for i in range(self.n)]), 0, -1)
 
 
+def _cov_root(cov_z) -> np.ndarray:
+    """``R`` with ``R R^T = cov_z`` (symmetrised; negative eigenvalues of round-off clipped)."""
+    cov_z = np.asarray(cov_z, np.float64)
+    w_eig, v = np.linalg.eigh(0.5 * (cov_z + cov_z.T))
+    return v * np.sqrt(np.clip(w_eig, 0.0, None))
+
+
 PUSHFORWARD_POINTS = 20_000  # the most points the pushforward's quadrature evaluates
 
 
@@ -120,10 +127,8 @@ def gaussian_pushforward(mean_z, cov_z, fn, max_points: int = PUSHFORWARD_POINTS
     n = 2, 27 for n = 3, 11 for n = 4); where that leaves ``k < 8``, ``max_points`` draws of a fixed seed
     (relative Monte Carlo error of a variance ``sqrt(2 / max_points)``, 1 % at the default).
     """
-    mean_z, cov_z = np.asarray(mean_z, np.float64), np.asarray(cov_z, np.float64)
+    mean_z, root = np.asarray(mean_z, np.float64), _cov_root(cov_z)
     n = mean_z.shape[0]
-    w_eig, v = np.linalg.eigh(0.5 * (cov_z + cov_z.T))
-    root = v * np.sqrt(np.clip(w_eig, 0.0, None))
     k = min(64, int(math.floor(max_points ** (1.0 / n) + 1e-9))) if n else 1
     if k >= 8:
         x, w = np.polynomial.hermite_e.hermegauss(k)
@@ -151,9 +156,7 @@ def gaussian_quantiles(mean_z, cov_z, fn, q, n_draws: int = PUSHFORWARD_DRAWS, s
     interval's end with the default draws: ``sqrt(0.16 x 0.84 / 200000) / phi(1)``, 0.0036 of
     the component's sd for a Gaussian one.
     """
-    mean_z, cov_z = np.asarray(mean_z, np.float64), np.asarray(cov_z, np.float64)
-    w_eig, v = np.linalg.eigh(0.5 * (cov_z + cov_z.T))
-    root = v * np.sqrt(np.clip(w_eig, 0.0, None))
+    mean_z, root = np.asarray(mean_z, np.float64), _cov_root(cov_z)
     eps = np.random.default_rng(seed).standard_normal((n_draws, mean_z.shape[0]))
     vals = np.asarray(fn(mean_z + eps @ root.T), np.float64)
     return np.quantile(vals, np.asarray(q, np.float64), axis=0)
