@@ -57,6 +57,12 @@ def from_record(rec: dict) -> dict:
             "from_record": rec.get("chains_source")}
 
 
+def as_diagnostics(d: dict) -> dict:
+    """``d`` as fli-diagnose's diagnostics: itself, or an earlier comparison's JSON read by
+    :func:`from_record`."""
+    return from_record(d) if "muse_source" in d and "params" in d else d
+
+
 def combine(diags: list[dict]) -> dict:
     """Independent runs of chains on one posterior (each fli-diagnose's diagnostics.json or an
     earlier comparison's JSON), read as one: per parameter the mean and the sd are each
@@ -64,7 +70,7 @@ def combine(diags: list[dict]) -> dict:
     whose combined error is ``(sum 1 / mcse^2)^-1/2``; the ESSs, chains, gradient evaluations
     and seconds add up; R-hat is the worst part's. For runs whose draws are not all at hand
     (an earlier run's files gone): where they are, fli-diagnose over all the runs is better."""
-    parts = [from_record(d) if "muse_source" in d and "params" in d else d for d in diags]
+    parts = [as_diagnostics(d) for d in diags]
     if len(parts) == 1:
         return parts[0]
     params: dict = {}
@@ -95,8 +101,7 @@ def combine(diags: list[dict]) -> dict:
 def compare(muse_map: dict, diag: dict) -> dict:
     """The comparison, per parameter, and the verdict on S8. ``diag``: fli-diagnose's
     diagnostics.json, or an earlier comparison's JSON (:func:`from_record`)."""
-    if "muse_source" in diag and "params" in diag:
-        diag = from_record(diag)
+    diag = as_diagnostics(diag)
     muse = muse_map.get("muse")
     if not muse or "params" not in muse:
         raise SystemExit("--muse: map.json has no 'muse' block (run fli-map with inference.map.estimator=muse)")
