@@ -1,33 +1,25 @@
 """The forward model of the observation: (cosmology, white noise) -> convergence maps.
 
-One builder, :func:`build_forward`, turns a validated config into a :class:`ForwardModel`;
-``fli-mock`` runs it at the truth, the NumPyro model (:mod:`fli.infer.model`) runs it inside
-the likelihood, and every inference command uses the same object, so the mock and the model's
-prediction are one function.
+:func:`build_forward` turns a validated config into a :class:`ForwardModel`; ``fli-mock`` runs it
+at the truth and the NumPyro model (:mod:`fli.infer.posterior.model`) inside the likelihood, so the
+mock and every inference command's prediction are one function. ``simulation.forward``:
 
-Two forwards (``simulation.forward``):
+* ``"pm"``: white noise -> linear field -> 2LPT -> FastPM steps ending at the lens-plane crossing
+  times -> slabs of the density contrast -> Born convergence per source bin; the slabs summed
+  from the mesh (``lensing.planes=mesh``) or painted from the particles (``lensing.planes=particles``,
+  :mod:`fli.lensing.particle_planes`);
+* ``"linear"``: the planes cut from the linear field ``D(a_i) delta_L``, no particles: kappa is
+  linear in the white noise at fixed cosmology, so the field's posterior is Gaussian (the
+  reference for recovery and for calibrating samplers).
 
-* ``"pm"``: white noise -> linear field -> 2LPT -> FastPM steps ending at the lens-plane
-  crossing times -> slabs of the density contrast -> Born convergence per source bin; the
-  slabs are summed from the density mesh (``lensing.planes=mesh``) or their particles are
-  painted onto the map's pixels (``lensing.planes=particles``, :mod:`fli.particle_planes`);
-* ``"linear"``: the lens planes are cut from the linear field ``D(a_i) delta_L`` itself, with
-  no particles, so that kappa is linear in the white noise at fixed cosmology: the field's
-  posterior is then Gaussian, the reference for recovery and for calibrating samplers.
-
-The light cone (``lensing.lightcone``):
-
-* ``"traced"`` (default): the plane distances r_i are fixed by the box, the crossing times
-  a_i = a(r_i; theta) and so the PM step times are traced functions of the cosmology being
-  evaluated (differentiable, and right for every theta the sampler visits);
-* ``"fiducial"``: step and crossing times frozen at the config's cosmology (cheaper to reason
-  about; biased when the truth is elsewhere: docs/benchmarks.md measures how much).
-
-One set of lens planes serves the whole prior: the geometry is built to reach the farthest
-source distance chi(z_max) over the corners of the prior's support (lowest Omega_m), and the
-box depth, the replication rule and ``simulation.a_start`` are checked at every corner;
-a prior that breaks them is refused, naming the bound and the value that would fit.
-Planes beyond a cosmology's own chi(z_max) carry zero lensing weight.
+``lensing.lightcone``: ``"traced"`` (default) fixes the plane distances r_i by the box and traces
+the crossing times a_i = a(r_i; theta), so the PM step times, as differentiable functions of the
+cosmology; ``"fiducial"`` freezes them at the config's cosmology, biased when the truth is elsewhere
+(docs/map.md, "2. Fiducial vs traced light cone"). One set of planes serves the whole prior: the
+geometry reaches the farthest chi(z_max) over the prior's corners (lowest Omega_m), where the box
+depth, the replication rule and ``simulation.a_start`` are checked; a prior that breaks them is
+refused, naming the bound and the value that would fit. Planes beyond a cosmology's own chi(z_max)
+carry zero lensing weight.
 """
 
 from __future__ import annotations
@@ -44,16 +36,16 @@ from jax import Array
 from jax.sharding import PartitionSpec as P
 
 from fli.config import Config, ConfigError
-from fli.cosmology import Cosmology, growth_factor
-from fli.grid import Grid
-from fli.lensing import KAPPA_SPEC, born_convergence, plane_hook
-from fli.light_cone import LensGeometry, _host_a_of_chi, _host_chi_of_z
-from fli.lpt import linear_field
-from fli.nbody import density, simulate
-from fli.particle_planes import PLANES, check_particle_geometry, particle_plane_hook, pixel_born_convergence
-from fli.pgd import PGDParams
-from fli.sharding import FIELD_SPEC, make_mesh
-from fli.survey import NzBin, nz_bins_from_config
+from fli.cosmo.background import Cosmology, growth_factor
+from fli.sim.grid import Grid
+from fli.lensing.born import KAPPA_SPEC, born_convergence, plane_hook
+from fli.lensing.light_cone import LensGeometry, _host_a_of_chi, _host_chi_of_z
+from fli.sim.lpt import linear_field
+from fli.sim.nbody import density, simulate
+from fli.lensing.particle_planes import PLANES, check_particle_geometry, particle_plane_hook, pixel_born_convergence
+from fli.sim.pgd import PGDParams
+from fli.sim.sharding import FIELD_SPEC, make_mesh
+from fli.lensing.survey import NzBin, nz_bins_from_config
 
 PARAMS = ("Omega_c", "Omega_b", "h", "n_s", "sigma8", "w0", "wa")
 FORWARDS = ("pm", "linear")
@@ -83,14 +75,14 @@ class ForwardModel:
         geometry: the light cone (planes up to the prior's farthest source).
         bins: the source n(z) bins.
         a_start: scale factor of the 2LPT initial conditions.
-        lpt_order, adjoint: PM settings (see :func:`fli.nbody.simulate`).
+        lpt_order, adjoint: PM settings (see :func:`fli.sim.nbody.simulate`).
         kind: ``"pm"`` or ``"linear"``; lightcone: ``"traced"`` or ``"fiducial"``.
-        planes: ``"mesh"`` (slabs of the density mesh, :func:`fli.lensing.plane_hook`) or
-            ``"particles"`` (painted onto the pixels, :mod:`fli.particle_planes`); the PM
+        planes: ``"mesh"`` (slabs of the density mesh, :func:`fli.lensing.born.plane_hook`) or
+            ``"particles"`` (painted onto the pixels, :mod:`fli.lensing.particle_planes`); the PM
             forward's choice: the linear forward has no particles and cuts its planes from the
             linear field whatever this says;
             subparticles: each particle painted as that many squared (particle planes);
-            pgd: the small-scale shift of the painted particles (:mod:`fli.pgd`; None: off).
+            pgd: the small-scale shift of the painted particles (:mod:`fli.sim.pgd`; None: off).
     """
 
     grid: Grid
@@ -173,7 +165,7 @@ def linear_planes(cosmo: Cosmology, noise: Array, grid: Grid, geometry: LensGeom
     """Lens planes of the linear field: ``D(a_i) sum_slab_i delta_L dz`` [Mpc/h],
     ``[n_used, nx, ny]`` sharded ``P(None, 'x', 'y')``, nearest plane first.
 
-    ``delta_L`` is the linear density contrast at a = 1 (:func:`fli.lpt.linear_field`); the
+    ``delta_L`` is the linear density contrast at a = 1 (:func:`fli.sim.lpt.linear_field`); the
     slab sums run over the local z axis inside ``shard_map`` (nothing is gathered).
     """
     delta = linear_field(cosmo, noise, grid, 1.0)

@@ -3,7 +3,7 @@
 :func:`make_mock` runs the forward model the likelihood uses (:func:`fli.forward.build_forward`)
 at the config's cosmology on the white noise of ``cfg.seed`` and adds shape noise drawn by
 :func:`add_shape_noise`. :func:`write_mock` writes into a run directory: ``config.yaml``
-(resolved), ``mock.zarr`` (see :mod:`fli.io`; readable with :func:`fli.io.load_mock` on any device
+(resolved), ``mock.zarr`` (see :mod:`fli.store.io`; readable with :func:`fli.store.io.load_mock` on any device
 layout), ``summary.json`` and the figures of :func:`make_figures` (``kappa_maps.png``,
 ``matter_power.png``, ``kappa_cl.png``). The ``fli-mock`` command (:mod:`fli.cli.mock`) calls both.
 """
@@ -25,13 +25,13 @@ from fli.config import Config, ConfigError
 
 
 def add_shape_noise(seed: int, kappa, sigma, mask=None):
-    """The mock's shape noise of ``seed`` on ``kappa``: :func:`fli.survey.add_noise` with the key
+    """The mock's shape noise of ``seed`` on ``kappa``: :func:`fli.lensing.survey.add_noise` with the key
     ``fold_in(key(seed), 1)``, a stream independent of the white noise drawn from the same seed.
 
-    ``sigma``: per-bin noise per pixel; ``mask``: as in :func:`fli.survey.add_noise`. Returns its
-    :class:`fli.survey.NoisyKappa`; the same on every device layout.
+    ``sigma``: per-bin noise per pixel; ``mask``: as in :func:`fli.lensing.survey.add_noise`. Returns its
+    :class:`fli.lensing.survey.NoisyKappa`; the same on every device layout.
     """
-    from fli.survey import add_noise  # noqa: PLC0415
+    from fli.lensing.survey import add_noise  # noqa: PLC0415
 
     return add_noise(jax.random.fold_in(jax.random.key(seed), 1), kappa, sigma, mask)
 
@@ -44,9 +44,9 @@ def make_mock(cfg: Config, log: logging.Logger | None = None) -> dict:
     Raises :class:`fli.config.ConfigError` for a bad mask, or when particles overrun the halo and
     ``simulation.on_overflow`` is ``raise``."""
     from fli.forward import build_forward, fiducial_cosmology  # noqa: PLC0415
-    from fli.painting import check_halo  # noqa: PLC0415
-    from fli.sharding import white_noise  # noqa: PLC0415
-    from fli.survey import load_mask, noise_sigma  # noqa: PLC0415
+    from fli.sim.painting import check_halo  # noqa: PLC0415
+    from fli.sim.sharding import white_noise  # noqa: PLC0415
+    from fli.lensing.survey import load_mask, noise_sigma  # noqa: PLC0415
 
     log = log or logging.getLogger("fli")
     fwd = build_forward(cfg)
@@ -87,9 +87,9 @@ def make_mock(cfg: Config, log: logging.Logger | None = None) -> dict:
 
 def write_mock(run_dir: Path, cfg: Config, resolved: dict, m: dict, log: logging.Logger) -> Path:
     """Write the mock into ``run_dir`` (arrays per process, COMPLETE marker last) and figures."""
-    from fli.fingerprint import recorded_fingerprint  # noqa: PLC0415
-    from fli.io import FORMAT_VERSION, MOCK_NAME, mark_complete, write_arrays  # noqa: PLC0415
-    from fli.manifest import write_manifest  # noqa: PLC0415
+    from fli.store.fingerprint import recorded_fingerprint  # noqa: PLC0415
+    from fli.store.io import FORMAT_VERSION, MOCK_NAME, mark_complete, write_arrays  # noqa: PLC0415
+    from fli.store.manifest import write_manifest  # noqa: PLC0415
 
     run_dir = Path(run_dir)
     if jax.process_index() == 0:
@@ -135,15 +135,15 @@ def make_figures(run_dir: Path, cfg: Config, m: dict) -> dict:
     draws and writes. Returns the figure paths.
     """
     from fli import plots  # noqa: PLC0415
-    from fli.cosmology import a_of_chi  # noqa: PLC0415
-    from fli.halofit import halofit_power, halofit_power_grid  # noqa: PLC0415
-    from fli.lensing import born_weights  # noqa: PLC0415
-    from fli.limber import limber_cl_planes, map_power_spectrum  # noqa: PLC0415
-    from fli.linear_power import linear_power  # noqa: PLC0415
-    from fli.lpt import linear_field  # noqa: PLC0415
-    from fli.particle_planes import shot_noise_cl  # noqa: PLC0415
-    from fli.power import power_spectrum  # noqa: PLC0415
-    from fli.sharding import process_allgather  # noqa: PLC0415
+    from fli.cosmo.background import a_of_chi  # noqa: PLC0415
+    from fli.cosmo.halofit import halofit_power, halofit_power_grid  # noqa: PLC0415
+    from fli.lensing.born import born_weights  # noqa: PLC0415
+    from fli.lensing.limber import limber_cl_planes, map_power_spectrum  # noqa: PLC0415
+    from fli.cosmo.linear_power import linear_power  # noqa: PLC0415
+    from fli.sim.lpt import linear_field  # noqa: PLC0415
+    from fli.lensing.particle_planes import shot_noise_cl  # noqa: PLC0415
+    from fli.sim.power import power_spectrum  # noqa: PLC0415
+    from fli.sim.sharding import process_allgather  # noqa: PLC0415
 
     grid, geom, cosmo = m["grid"], m["geom"], m["cosmo"]
     kt = process_allgather(m["kappa_true"])

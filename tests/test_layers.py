@@ -1,6 +1,6 @@
 """The layers' import contracts hold: pyproject.toml's [tool.importlinter], run with import-linter.
 
-Physics and the forward model import no fli.infer, fli.cli or fli.io; fli.infer imports no
+Physics and the forward model import no fli.infer, fli.cli or fli.store.io; fli.infer imports no
 fli.cli; and every module directly under fli/ sits in a layer (cli > infer | mock > io | forward
 | plots > files > physics > config) that imports only layers below it. By hand: ``lint-imports``
 from the repository root.

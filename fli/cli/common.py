@@ -52,7 +52,7 @@ _PROCESS: dict = {}  # what this process was set up with (jax.distributed can st
 
 
 def setup_logging() -> logging.Logger:
-    from fli.sharding import get_logger  # noqa: PLC0415
+    from fli.sim.sharding import get_logger  # noqa: PLC0415
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S", stream=sys.stderr)
@@ -65,7 +65,7 @@ def setup_logging() -> logging.Logger:
 
 def _setup_process(cfg: Config) -> None:
     """jax.distributed and the compilation cache, once per process (a sweep's jobs share it)."""
-    from fli.sharding import init_distributed  # noqa: PLC0415
+    from fli.sim.sharding import init_distributed  # noqa: PLC0415
 
     d = cfg.distributed
     key = (d.coordinator, d.num_processes, d.process_id, d.local_device_count)
@@ -99,7 +99,7 @@ def setup_jax(cfg: Config) -> None:
 def _check_devices(cfg: Config) -> None:
     import jax  # noqa: PLC0415
 
-    from fli.sharding import n_devices_needed  # noqa: PLC0415
+    from fli.sim.sharding import n_devices_needed  # noqa: PLC0415
 
     d = cfg.distributed
     need, have = n_devices_needed(d.pdims), jax.device_count()

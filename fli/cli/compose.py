@@ -112,7 +112,7 @@ def suggestion(head: str, full_key: str) -> str:
     if m:
         import dataclasses  # noqa: PLC0415
 
-        from fli import config as schema  # noqa: PLC0415
+        from fli import config as schema  # noqa: PLC0415  (every section's dataclass)
 
         cls = getattr(schema, m.group(2), None)
         if cls is None or not dataclasses.is_dataclass(cls):

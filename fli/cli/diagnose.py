@@ -4,7 +4,7 @@
 [``diagnose.*`` overrides] [``run_dir=...``]. Reads only complete chunks, so it runs while the
 chains still sample. Exit status: 0 pass, 3 warn, 4 fail (the report is written); 2 bad input
 (one ``fli-diagnose: error: ...`` line on stderr, no report), as for every fli command; 1 a
-crash. See :mod:`fli.infer.diagnose` and docs/diagnose.md.
+crash. See :mod:`fli.infer.diagnose.run` and docs/diagnose.md.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     statuses: list[int] = []
 
     def body(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> None:
-        from fli.infer.diagnose import run_diagnose  # noqa: PLC0415
+        from fli.infer.diagnose.run import run_diagnose  # noqa: PLC0415
 
         statuses.append(run_diagnose(cfg, resolved, run_dir, log)["exit_status"])
 

@@ -1,8 +1,9 @@
-"""``fli-map``: MAP of the cosmological parameters and the initial field, with a Laplace error.
+"""``fli-map``: MAP of the cosmological parameters and the initial field, with a Laplace error,
+then MUSE where ``inference.map.estimator=muse``.
 
 ``fli-map mock=<fli-mock run dir or observation dir> [overrides]``; resumable: started again
 on the same ``run_dir`` it continues from the last complete checkpoint. See
-:mod:`fli.infer.map` for what it writes.
+:mod:`fli.infer.fit.map` for what it writes.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from fli.config import Config
 
 
 def _body(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> None:
-    from fli.infer.map import fit_map  # noqa: PLC0415
+    from fli.infer.fit import fit_map  # noqa: PLC0415
+    from fli.infer.muse import MUSE  # noqa: PLC0415
 
-    fit_map(cfg, resolved, run_dir, log)
+    fit_map(cfg, resolved, run_dir, log, estimators={"muse": MUSE})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ Start fli-map with ``inference.map.estimator=muse inference.map.muse.spread=file
 inference.map.muse.workers=P`` (it is worker 0), then ``fli-muse-worker <its run_dir> <k>`` for
 k = 1..P-1, anywhere that reads and writes the run directory: as a SLURM job array, or as
 background processes on one machine. Each worker fits its share of the simulations and appends
-them to its own score file; fli-map writes the estimate. See :mod:`fli.infer.muse_worker`.
+them to its own score file; fli-map writes the estimate. See :mod:`fli.infer.muse.worker`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from fli.cli.common import setup_logging  # noqa: PLC0415
-    from fli.infer.muse_worker import run_worker  # noqa: PLC0415
+    from fli.infer.muse.worker import run_worker  # noqa: PLC0415
 
     log = setup_logging()
     try:

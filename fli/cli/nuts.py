@@ -4,7 +4,7 @@
 [inference.kernel=nuts|hmc] [overrides]``: ``fli-sample`` for NumPyro's two kernels, the same
 run and outputs (each command continues the other's runs); MCLMC runs through ``fli-sample``.
 Resumable: started again on the same ``run_dir`` it continues after the last complete chunk.
-See :mod:`fli.infer.sample` for what it writes and docs/nuts.md for how to use it.
+See :mod:`fli.infer.sample.run` for what it writes and docs/nuts.md for how to use it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ NUTS_KERNELS = ("nuts", "hmc")
 
 
 def _body(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> None:
-    from fli.infer.sample import run_chains  # noqa: PLC0415
+    from fli.infer.sample.run import run_chains  # noqa: PLC0415
 
     kernel = cfg.inference.kernel
     if kernel not in NUTS_KERNELS:

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fli.config import ConfigError
-from fli.files import jsonable
+from fli.store.files import jsonable
 
 # where a run is, how it reports and what it ran on: never part of what it computes
 PLACEMENT = ("run_dir", "progress", "compilation_cache", "distributed", "name")
@@ -41,7 +41,7 @@ SAMPLER = tuple(f"inference.{k}" for k in ("kernel", "num_warmup", "num_samples"
                                            "mclmc_energy_error", "precondition", "precondition_rank",
                                            "precondition_points", "projections"))
 # a fli-nuts run resumed or extended: more draws, another start or another MAP config
-# (the observation is compared by its fingerprint, fli/manifest.py, not by the spelling of its path)
+# (the observation is compared by its fingerprint, fli/store/manifest.py, not by the spelling of its path)
 SAMPLING_MAY_CHANGE = ("inference.num_samples", "inference.map", *PLACEMENT, "init", "inference.init_redraw",
                        "inference.init_theta",
                        *DIAGNOSE, "mock", *MODEL_NEUTRAL)

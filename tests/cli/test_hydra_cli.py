@@ -247,7 +247,7 @@ def test_two_processes_agree_on_one_run_dir(tmp_path, mode):
 
 @pytest.mark.slow(seconds=25)  # two tiny mocks
 def test_fli_mock_sweep_writes_two_complete_runs(tmp_path):
-    from fli.io import COMPLETE, load_mock
+    from fli.store.io import COMPLETE, load_mock
 
     res = run([*fli_mock(), "-m", "seed=0,1", *SMALL, "hydra.sweep.dir=sw"], tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -266,7 +266,7 @@ def test_fli_mock_sweep_writes_two_complete_runs(tmp_path):
 
 @pytest.mark.slow(seconds=25)  # two tiny mocks in two submitit processes
 def test_fli_mock_submitit_local_sweep(tmp_path):
-    from fli.io import COMPLETE
+    from fli.store.io import COMPLETE
 
     res = run([*fli_mock(), "-m", "seed=0,1", *SMALL, "hydra/launcher=submitit_local", "hydra.sweep.dir=sw",
                "hydra.launcher.timeout_min=10"], tmp_path, timeout=600)
@@ -282,7 +282,7 @@ def test_fli_mock_hydra_run_dir_with_a_relative_path(tmp_path):
     res = run([*fli_mock(), *SMALL, "hydra.run.dir=runs/one"], tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "run directory runs/one" in res.stderr and "forward model done" in res.stderr
-    from fli.io import COMPLETE
+    from fli.store.io import COMPLETE
 
     assert (tmp_path / "runs" / "one" / "mock.zarr" / COMPLETE).is_file()
     assert_hydra_files(tmp_path / "runs" / "one")

@@ -10,10 +10,10 @@ import pytest
 
 from fli.cli.compose import compose
 from fli.cli.mock import main
-from fli.fingerprint import DamagedData
-from fli.io import COMPLETE, MockError, load_mock, write_arrays
+from fli.store.fingerprint import DamagedData
+from fli.store.io import COMPLETE, MockError, load_mock, write_arrays
 from fli.mock import add_shape_noise, make_mock
-from fli.sharding import make_mesh, process_allgather
+from fli.sim.sharding import make_mesh, process_allgather
 from tests.helpers.physics import ccl_cosmology
 from tests.helpers.posterior import SMALL
 from tests.helpers.processes import ROOT, free_port, launch
@@ -175,8 +175,8 @@ def test_noiseless_mock_cl_matches_limber_over_seeds():
     where k_perp = ell / r at the lensing kernel's peak (r ~ 700 Mpc/h) is below 0.25 k_Nyq.
     """
     from fli.forward import build_forward, fiducial_cosmology
-    from fli.limber import limber_cl_planes, map_power_spectrum
-    from fli.sharding import white_noise
+    from fli.lensing.limber import limber_cl_planes, map_power_spectrum
+    from fli.sim.sharding import white_noise
 
     # the prior's lowest Omega_c is raised to 0.22: below ~0.2 the z = 0.8 sources lie beyond 2000 Mpc/h
     cfg, _ = compose([*TINY, "simulation.mesh=[64,64,64]", "simulation.box=[500,500,2000]",

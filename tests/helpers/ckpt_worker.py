@@ -31,7 +31,7 @@ def state_on(mesh):
     replicated scalar (each process filling its own blocks: nothing to compile), a key, an int."""
     import numpy as np  # noqa: PLC0415
 
-    from fli.sharding import field_sharding, replicated  # noqa: PLC0415
+    from fli.sim.sharding import field_sharding, replicated  # noqa: PLC0415
 
     field, scalar = reference_field(), np.float32(SCALAR)
     return {"field": jax.make_array_from_callback(SHAPE, field_sharding(mesh), lambda i: field[i]),
@@ -50,8 +50,8 @@ def main() -> None:
 
     import numpy as np  # noqa: PLC0415
 
-    from fli.infer.checkpoint import latest_step, restore_checkpoint, save_checkpoint  # noqa: PLC0415
-    from fli.sharding import make_mesh  # noqa: PLC0415
+    from fli.infer.checkpoint.store import latest_step, restore_checkpoint, save_checkpoint  # noqa: PLC0415
+    from fli.sim.sharding import make_mesh  # noqa: PLC0415
 
     mesh = make_mesh((2, 2) if mode == "save" else (1, 2))
     state = state_on(mesh)

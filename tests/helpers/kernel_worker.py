@@ -23,14 +23,14 @@ def main(run_dir: str, mock: str, step: str, n: str, *overrides: str) -> None:
     from jax.sharding import PartitionSpec as P
 
     from fli.cli.compose import compose
-    from fli.infer import checkpoint as ckpt
-    from fli.infer.chunk import Accum, make_chunk, zero_accum
-    from fli.infer.layout import FLAT_SPEC
-    from fli.infer.map import prepare
-    from fli.infer.run_store import CHECKPOINTS, read_chunks
-    from fli.infer.sample import kernel_of
-    from fli.infer.start import chain_keys
-    from fli.power import default_kedges
+    from fli.infer.checkpoint import store as ckpt
+    from fli.infer.sample.chunk import Accum, make_chunk, zero_accum
+    from fli.infer.posterior.layout import FLAT_SPEC
+    from fli.infer.posterior.setup import prepare
+    from fli.infer.sample.run_store import CHECKPOINTS, read_chunks
+    from fli.infer.sample.run import kernel_of
+    from fli.infer.sample.start import chain_keys
+    from fli.sim.power import default_kedges
 
     if os.environ.get("FLI_COMPILATION_CACHE"):  # the tests' cache (tests/conftest.py): the run compiled this chunk
         jax.config.update("jax_compilation_cache_dir", os.environ["FLI_COMPILATION_CACHE"])

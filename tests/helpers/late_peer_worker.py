@@ -12,7 +12,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
 
-from fli.sharding import init_distributed  # noqa: E402
+from fli.sim.sharding import init_distributed  # noqa: E402
 
 LATE = 35.0  # [s] longer than gloo's 30 s wait for a peer
 
@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from fli.files import barrier  # noqa: E402
+from fli.store.files import barrier  # noqa: E402
 
 mesh = Mesh(np.array(jax.devices()), ("x",))
 x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), jnp.full(2, pid + 1.0))

@@ -16,12 +16,12 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=
 
 import numpy as np  # noqa: E402
 
-from fli.cosmology import planck18  # noqa: E402
-from fli.light_cone import _host_chi_of_z  # noqa: E402
-from fli.sharding import process_allgather  # noqa: E402
+from fli.cosmo.background import planck18  # noqa: E402
+from fli.lensing.light_cone import _host_chi_of_z  # noqa: E402
+from fli.sim.sharding import process_allgather  # noqa: E402
 from tests.helpers.processes import forward_density  # noqa: E402
 
-# host-side float64 (fli.host.cpu_float64) on every rank: each on its own CPU device
+# host-side float64 (fli.sim.host.cpu_float64) on every rank: each on its own CPU device
 chi = float(_host_chi_of_z(planck18(), np.array([1.0]))[0])
 rho = process_allgather(forward_density((2, 2)))
 if pid == 0:

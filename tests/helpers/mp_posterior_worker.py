@@ -1,4 +1,4 @@
-"""Worker for tests/infer/test_model.py: one of N processes (2 CPU devices each) evaluating the
+"""Worker for tests/infer/posterior/test_model.py: one of N processes (2 CPU devices each) evaluating the
 small posterior's value and gradient on pdims (2, 2).  usage: PORT NPROC PID OUT.npz"""
 
 import os
@@ -14,7 +14,7 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=
 
 import numpy as np  # noqa: E402
 
-from fli.sharding import process_allgather  # noqa: E402
+from fli.sim.sharding import process_allgather  # noqa: E402
 from tests.helpers.posterior import small_posterior  # noqa: E402
 
 post, data, lat = small_posterior((2, 2))

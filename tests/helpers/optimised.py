@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_optimised(target: str, out: Path, timeout: float = 1200) -> dict[str, np.ndarray]:
-    """``target`` is ``"tests.infer.test_x:function"``; return the arrays it computed."""
+    """``target`` is ``"tests.infer.sample.test_x:function"``; return the arrays it computed."""
     flags = os.environ.get("XLA_FLAGS", "").replace(xla.FLAGS, "").strip()
     env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=flags, JAX_NUMPY_RANK_PROMOTION="allow")
     # the same persistent cache as the test session (tests/conftest.py): a second run reuses it

@@ -23,8 +23,8 @@ CHAIN = ["inference.num_warmup=6", "inference.num_samples=6", "inference.chunk=4
 def small_posterior(pdims=(1, 1), extra=(), dtype="float32"):
     """(posterior, data, latents at the truth) on ``pdims``."""
     from fli.cli.compose import compose
-    from fli.infer.model import Latents, build_posterior, make_data
-    from fli.sharding import make_mesh, white_noise
+    from fli.infer.posterior.model import Latents, build_posterior, make_data
+    from fli.sim.sharding import make_mesh, white_noise
 
     cfg, _ = compose([*SMALL, f"distributed.pdims=[{pdims[0]},{pdims[1]}]", f"simulation.dtype={dtype}",
                       *extra])
@@ -35,7 +35,7 @@ def small_posterior(pdims=(1, 1), extra=(), dtype="float32"):
     kappa, _ = jax.jit(lambda l: post.predict(l))(Latents(theta, s))
     k = np.asarray(jax.device_get(kappa)) if kappa.is_fully_addressable else None
     if k is None:
-        from fli.sharding import process_allgather
+        from fli.sim.sharding import process_allgather
         k = process_allgather(kappa)
     sigma = np.array([2e-3, 3e-3])
     noise = np.random.default_rng(1).normal(size=k.shape) * sigma[:, None, None]

@@ -18,10 +18,10 @@ def forward_density(pdims):
     """The forward model used on both sides of the comparison: 2LPT + 4 PM steps."""
     import jax  # noqa: PLC0415
 
-    from fli.cosmology import planck18  # noqa: PLC0415
-    from fli.grid import Grid  # noqa: PLC0415
-    from fli.nbody import density, simulate  # noqa: PLC0415
-    from fli.sharding import make_mesh, white_noise  # noqa: PLC0415
+    from fli.cosmo.background import planck18  # noqa: PLC0415
+    from fli.sim.grid import Grid  # noqa: PLC0415
+    from fli.sim.nbody import density, simulate  # noqa: PLC0415
+    from fli.sim.sharding import make_mesh, white_noise  # noqa: PLC0415
 
     grid = Grid((16, 16, 24), (320.0, 320.0, 480.0), make_mesh(pdims), halo=2)
     s = white_noise(3, grid.shape, grid.mesh)

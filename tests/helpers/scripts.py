@@ -1,5 +1,7 @@
-"""scripts/<name>.py imported as a module, for tests of a study's or benchmark's own functions
-(the scripts are not a package: they put scripts/ on sys.path themselves)."""
+"""scripts/<folder>/<name>.py imported as a module, for tests of a study's or benchmark's own functions.
+
+The scripts are a package run from the repository root (``python -m scripts.studies.<name>``); the
+tests' root on sys.path lets their own ``scripts.*`` imports resolve the same way here."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def load_script(name: str):
-    """The module of ``scripts/<name>.py``, executed once per call."""
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    """The module of ``scripts/<name>.py`` (``name`` as ``folder/stem``), executed once per call."""
+    spec = importlib.util.spec_from_file_location("scripts." + name.replace("/", "."), SCRIPTS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -8,7 +8,7 @@ class Gaussian:
     flat layout of a small field; quacks like the :class:`Posterior` a kernel reads."""
 
     def __init__(self, mesh, shape=(8, 8, 4), n_params=2):
-        from fli.infer.layout import FlatLayout
+        from fli.infer.posterior.layout import FlatLayout
 
         self.layout = FlatLayout(shape, mesh, n_params)
         self.dim = self.layout.size

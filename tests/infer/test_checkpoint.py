@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fli.config import ConfigError
-from fli.infer.checkpoint import (
+from fli.infer.checkpoint.store import (
     CheckpointError,
     CheckpointMismatch,
     all_steps,
@@ -32,7 +32,7 @@ from fli.infer.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
-from fli.sharding import field_sharding, make_mesh, replicated, white_noise
+from fli.sim.sharding import field_sharding, make_mesh, replicated, white_noise
 from tests.helpers.processes import ROOT, child_env, free_port, launch
 
 SHAPE = (16, 8, 6)
@@ -451,7 +451,7 @@ def test_two_process_save_restores_on_other_layouts(tmp_path):
 def test_a_checksum_is_the_same_sharded_replicated_and_on_the_host(dtype):
     """A leaf restored onto another placement (a global array, a process-local one, numpy)
     must meet the same checksum: the device sums and the host sums agree."""
-    from fli.infer.checkpoint import checksums
+    from fli.infer.checkpoint.store import checksums
 
     bits = np.random.default_rng(2).integers(0, 2, (8, 8, 4))
     a = bits.astype(dtype) if dtype == np.bool_ else (bits * 37 - 11).astype(dtype)
