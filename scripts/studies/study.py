@@ -10,6 +10,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from fli.store.claim import claim as claim_file
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -65,69 +67,14 @@ def run_logged(cmd: list[str], log: Path, core: int | str = 0, ok: tuple[int, ..
     return rc
 
 
-def _process_id(pid: int) -> str:
-    """``"<pid> <boot id> <start time>"``: a process named so that a later one given the same id
-    (after a reboot, or once ids wrap) does not pass for it; ``""`` where ``pid`` does not run."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return f"{pid} {boot} {stat.rsplit(')', 1)[1].split()[19]}"  # field 22, after the command's name
-
-
-def _started(pid: int) -> float | None:
-    """The epoch second process ``pid`` started at (None where it does not run)."""
-    try:
-        btime = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines() if x.startswith("btime"))
-        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, StopIteration, ValueError, IndexError):
-        return None
-    return btime + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _holds(text: str, written: float) -> bool:
-    """Whether the process a claim file names still runs: the same id, boot and start time. A
-    claim holding only an id (written before the start time was kept) counts while a process of
-    that id runs that started before the claim was ``written`` (its mtime)."""
-    parts = text.split()
-    try:
-        pid = int(parts[0]) if parts else 0
-    except ValueError:
-        return False
-    if pid <= 0:
-        return False
-    if len(parts) == 1:
-        start = _started(pid)
-        return start is not None and start <= written + 1  # the clock ticks round the start down
-    return _process_id(pid) == " ".join(parts)
-
-
 def claim(out: Path, i: int | str) -> bool:
     """Take item ``i`` of the study in ``out`` for this process unless a live driver holds it
-    (``claim_<i>`` names the holder by process id, boot and start time, :func:`_process_id`; a
+    (``claim_<i>`` names the holder by process id, boot and start time, :func:`fli.store.claim.claim`; a
     claim whose process is gone is taken over, even where a new process has its id: the claims
     outlive the machine's sessions, and a driver once skipped a mock because an unrelated process
     had the id of the dead driver that had claimed it).
     An int names a mock or a pair (``claim_007``), a string any finer item (``claim_007_model_all``)."""
-    path = out / (f"claim_{i:03d}" if isinstance(i, int) else f"claim_{i}")
-    me = _process_id(os.getpid())
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        try:
-            holder, written = path.read_text(), path.stat().st_mtime
-        except OSError:
-            holder, written = "", 0.0
-        if holder.split() == me.split() or holder.strip() == str(os.getpid()):
-            return True
-        if _holds(holder, written):
-            return False
-        path.write_text(me)  # the holder is gone: take it over
-        return True
-    with os.fdopen(fd, "w") as f:
-        f.write(me)
-    return True
+    return claim_file(out / (f"claim_{i:03d}" if isinstance(i, int) else f"claim_{i}"))
 
 
 def emit(res: dict, path: Path | None) -> None:

@@ -191,7 +191,8 @@ def test_a_claim_whose_id_a_new_process_has_is_taken_over(tmp_path):
     import sys
 
 
-    from scripts.studies.study import _process_id, claim
+    from fli.store.claim import process_id as _process_id
+    from scripts.studies.study import claim
 
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
