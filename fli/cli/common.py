@@ -29,8 +29,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from fli.cli.compose import compose_one, conf_dir, hydra_context, hydra_errors, one_line, register_resolvers
-from fli.cli.rundir import Before, agree, check_writable, drop_keys, fs_fault, quote, undo
+from fli.cli.rundir import Before, check_writable, drop_keys, fs_fault, quote, undo
 from fli.config import Config, ConfigError, register_configs
+from fli.store.files import agree
 
 Body = Callable[[Config, dict, Path, logging.Logger], None]
 

@@ -54,6 +54,26 @@ def _coordination_client():
     return client if hasattr(client, "wait_at_barrier") else None
 
 
+def agree(values: list) -> list:
+    """Process 0's ``values`` (JSON-able) on every process; the values themselves for one process."""
+    if jax.process_count() == 1:
+        return values
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+
+    raw = json.dumps(values).encode()
+    size = 1 << 16
+    if len(raw) > size - 4:
+        from fli.config import ConfigError  # noqa: PLC0415
+
+        raise ConfigError(f"run directories too long to share between processes ({len(raw)} bytes)")
+    buf = np.zeros(size, np.uint8)  # uint8: no int64 without jax_enable_x64
+    buf[:4] = np.frombuffer(len(raw).to_bytes(4, "little"), np.uint8)
+    buf[4:4 + len(raw)] = np.frombuffer(raw, np.uint8)
+    buf = np.asarray(multihost_utils.broadcast_one_to_all(buf), np.uint8)
+    n = int.from_bytes(buf[:4].tobytes(), "little")
+    return json.loads(buf[4:4 + n].tobytes().decode())
+
+
 def is_writer() -> bool:
     """Whether this process writes the run's small files (process 0)."""
     return jax.process_index() == 0

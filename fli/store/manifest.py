@@ -37,7 +37,8 @@ SAMPLING = ("fli-sample", "fli-nuts")
 USES = {"fli-map": "a new run_dir or a fli-map run to resume",
         "fli-sample": "a new run_dir or a fli-sample/fli-nuts run",
         "fli-nuts": "a new run_dir or a fli-sample/fli-nuts run",
-        "fli-diagnose": "a new run_dir", "fli-mock": "a new run_dir"}
+        "fli-diagnose": "a new run_dir", "fli-mock": "a new run_dir",
+        "fli-pipeline": "a new run_dir or a fli-pipeline run to continue"}
 
 
 def same_kind(kind: str, command: str) -> bool:

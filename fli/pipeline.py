@@ -1,0 +1,136 @@
+"""``fli-pipeline``'s work: an observation to a diagnosed posterior, stage by stage, in one run directory.
+
+Stages, each in a subdirectory that is an ordinary run directory of its own command (with its
+manifest), so that any of them can be read, continued or re-run with that command:
+
+* ``mock/``: fli-mock's observation, unless ``mock=<dir>`` names one (then that is read and the
+  stage is skipped);
+* ``map/``: fli-map's joint MAP, and MUSE where ``inference.map.estimator=muse``;
+* ``sample/``: fli-sample's chains, started from ``map/`` (``init`` is the MAP's run);
+* ``diagnose/``: fli-diagnose of ``sample/``: verdicts, figures, report.html.
+
+Started again on the same ``run_dir``, a finished stage is passed over (a complete mock, a
+``map.json``, a chain at its last draw) and a stopped one continues from its own checkpoints; the
+pipeline refuses a run directory made with another model config, naming the key. The exit status
+is the diagnosis's (0 pass, 3 warn, 4 fail).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import yaml
+
+from fli.config import Config, ConfigError
+
+COMMAND = "fli-pipeline"
+STAGES = ("mock", "map", "sample", "diagnose")
+CONFIG_YAML = "config.yaml"
+# what a pipeline started again may change: where and how it reports, budgets that extend a stage
+MAY_CHANGE = ("run_dir", "progress", "compilation_cache", "distributed", "name", "diagnose",
+              "inference.num_samples", "inference.map.steps", "inference.map.muse.iterations")
+
+
+@contextlib.contextmanager
+def _stage(run_dir: Path, name: str, log: logging.Logger):
+    """Hold a stage's directory as its command would (one command at a time there), and log its time."""
+    import jax  # noqa: PLC0415
+
+    from fli.store.claim import RunDirLock  # noqa: PLC0415
+    from fli.store.files import agree  # noqa: PLC0415
+
+    lock = RunDirLock(run_dir / name, f"{COMMAND} ({name})") if jax.process_index() == 0 else None
+    why = agree([lock.acquire() if lock is not None else None])[0]  # every process refuses together
+    if why:
+        raise ConfigError(why)
+    t0 = time.perf_counter()
+    log.info("%s: stage %s in %s", COMMAND, name, run_dir / name)
+    try:
+        yield run_dir / name
+    finally:
+        if lock is not None:
+            lock.release()
+    log.info("%s: stage %s done in %.1f s", COMMAND, name, time.perf_counter() - t0)
+
+
+def _with(cfg: Config, resolved: dict, **keys) -> tuple[Config, dict]:
+    """The config and the resolved dict of one stage: the same model, its own paths."""
+    return dataclasses.replace(cfg, **keys), {**resolved, **keys}
+
+
+def _check_resume(run_dir: Path, resolved: dict) -> None:
+    from fli.infer.config_keys import check_resumable  # noqa: PLC0415
+
+    saved = run_dir / CONFIG_YAML
+    if saved.is_file():
+        check_resumable(yaml.safe_load(saved.read_text()), resolved, MAY_CHANGE, where=f"run_dir {run_dir}")
+
+
+def _observation(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> Path:
+    """The observation's path: ``mock=`` as given, or the mock stage's run (made, or found complete)."""
+    from fli.mock import make_mock, write_mock  # noqa: PLC0415
+    from fli.store.io import COMPLETE, MOCK_NAME  # noqa: PLC0415
+
+    if cfg.mock is not None:
+        log.info("%s: stage mock skipped: the observation is mock=%s", COMMAND, cfg.mock)
+        return Path(cfg.mock)
+    stage = run_dir / "mock"
+    if (stage / MOCK_NAME / COMPLETE).is_file():
+        log.info("%s: stage mock already done (%s)", COMMAND, stage / MOCK_NAME)
+        return stage
+    with _stage(run_dir, "mock", log) as d:
+        if (d / MOCK_NAME).exists():  # a mock cut short: derived data, made again
+            log.info("%s: %s was cut short (no %s): made again", COMMAND, d / MOCK_NAME, COMPLETE)
+            shutil.rmtree(d / MOCK_NAME)
+        mcfg, mres = _with(cfg, resolved, run_dir=str(d))
+        write_mock(d, mcfg, mres, make_mock(mcfg, log), log)
+    return stage
+
+
+def run_pipeline(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> dict:
+    """Run (or continue) every stage into ``run_dir``; returns the diagnosis (its ``exit_status``)."""
+    import jax  # noqa: PLC0415
+
+    from fli.infer.diagnose import run_diagnose  # noqa: PLC0415
+    from fli.infer.fit import fit_map  # noqa: PLC0415
+    from fli.infer.fit.map import MAP_JSON  # noqa: PLC0415
+    from fli.infer.muse import MUSE  # noqa: PLC0415
+    from fli.infer.sample import run_chains  # noqa: PLC0415
+    from fli.store.files import barrier, write_text  # noqa: PLC0415
+    from fli.store.manifest import check_kind, write_manifest  # noqa: PLC0415
+
+    run_dir = Path(run_dir)
+    check_kind(run_dir, COMMAND)
+    if cfg.init is not None:
+        raise ConfigError(f"init={cfg.init}: fli-pipeline starts its chains from its own MAP stage; leave init "
+                          f"unset (fli-sample init=... samples from another start)")
+    if cfg.runs is not None or cfg.sweep is not None:
+        raise ConfigError("runs= and sweep= are fli-diagnose's: fli-pipeline diagnoses its own chains")
+    _check_resume(run_dir, resolved)
+    if jax.process_index() == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text(run_dir / CONFIG_YAML, yaml.safe_dump(resolved, sort_keys=False))
+        write_manifest(run_dir, COMMAND, resolved)
+    barrier("fli-pipeline-start")
+    t0 = time.perf_counter()
+
+    obs = str(Path(_observation(cfg, resolved, run_dir, log)).absolute())
+    if (run_dir / "map" / MAP_JSON).is_file():
+        log.info("%s: stage map already done (%s)", COMMAND, run_dir / "map" / MAP_JSON)
+    else:
+        with _stage(run_dir, "map", log) as d:
+            fit_map(*_with(cfg, resolved, run_dir=str(d), mock=obs), d, log, estimators={"muse": MUSE})
+    map_dir = str((run_dir / "map").absolute())
+    with _stage(run_dir, "sample", log) as d:  # a finished chain says so and returns
+        run_chains(*_with(cfg, resolved, run_dir=str(d), mock=obs, init=map_dir), d, log, command="fli-sample")
+    with _stage(run_dir, "diagnose", log) as d:
+        dcfg, dres = _with(cfg, resolved, run_dir=str(d), runs=[str((run_dir / "sample").absolute())])
+        report = run_diagnose(dcfg, dres, d, log)
+    log.info("%s: %s in %.1f s: %s (exit status %d); report %s", COMMAND, run_dir, time.perf_counter() - t0,
+             report["verdict"], report["exit_status"], run_dir / "diagnose" / "report.html")
+    return report

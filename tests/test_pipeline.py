@@ -1,0 +1,55 @@
+"""fli-pipeline as a user runs it: every stage into its own run directory, a kill -9 while the
+chains sample, then the same command: the finished stages are passed over, untouched, and the
+chain continues after its last complete chunk; the exit status is the diagnosis's."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fli.infer.sample.run_store import complete_chunks
+from tests.helpers.posterior import SMALL
+from tests.helpers.processes import ROOT
+
+# a small model, a short MAP without its Laplace step, a chain long enough to be stopped in
+ARGS = [*SMALL, "inference.map.steps=15", "inference.map.laplace=false", "inference.num_warmup=6",
+        "inference.num_samples=30", "inference.chunk=4", "inference.field_thin=4", "inference.max_tree_depth=3"]
+
+
+def _pipeline(run_dir):
+    return [sys.executable, "-m", "fli.cli.pipeline", *ARGS, f"run_dir={run_dir}"]
+
+
+@pytest.mark.slow(seconds=150)  # a mock, a MAP, a chain's programs compiled, twice the process start-up
+def test_a_pipeline_killed_while_sampling_continues_where_it_stopped(tmp_path):
+    run = tmp_path / "pipe"
+    first = subprocess.Popen(_pipeline(run), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 900 and first.poll() is None and not complete_chunks(run / "sample"):
+            time.sleep(0.05)
+        assert first.poll() is None and complete_chunks(run / "sample"), first.stderr.read()[-3000:]
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    done = complete_chunks(run / "sample")
+    assert done[-1] < 8, "the chain finished before it was killed"
+    # the earlier stages are ordinary run directories of their commands
+    assert json.loads((run / "mock" / "fli-run.json").read_text())["command"] == "fli-mock"
+    assert json.loads((run / "map" / "fli-run.json").read_text())["command"] == "fli-map"
+    kept = {p: p.stat().st_mtime_ns for p in (run / "mock" / "mock.zarr" / "COMPLETE", run / "map" / "map.json")}
+
+    again = subprocess.run(_pipeline(run), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert again.returncode in (0, 3, 4), again.stderr[-3000:]  # a verdict, not bad input or a crash
+    log = again.stderr
+    assert "stage mock already done" in log and "stage map already done" in log, log[-3000:]
+    assert f"resuming after chunk {done[-1]}" in log and "taken over from fli-pipeline" in log, log[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept  # not made again
+    assert complete_chunks(run / "sample") == list(range(9))  # (6 + 30 draws in chunks of 4)
+    diag = json.loads((run / "diagnose" / "diagnostics.json").read_text())
+    assert diag["exit_status"] == again.returncode and (run / "diagnose" / "report.html").is_file()
