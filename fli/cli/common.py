@@ -21,6 +21,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -262,7 +263,13 @@ def _show(what: str, resolved: dict, hnode: DictConfig) -> None:
         print(OmegaConf.to_yaml({"hydra": OmegaConf.to_container(hnode, resolve=False)}))
 
 
-def main_wrapper(command: str, body: Body, argv: list[str] | None = None) -> int:
+def _plain(doc: str) -> str:
+    """A command's module docstring as help text: its reST roles and literals as plain words."""
+    doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc)
+    return doc.replace("``", "").strip()
+
+
+def main_wrapper(command: str, body: Body, argv: list[str] | None = None, about: str | None = None) -> int:
     """Parse argv, validate, set up devices and the run directory, run ``body``; return exit code.
 
     ``body(cfg, resolved, run_dir, log)`` runs once per job: typed config, the resolved plain
@@ -274,6 +281,8 @@ def main_wrapper(command: str, body: Body, argv: list[str] | None = None) -> int
     prog = f"fli-{command}"
     if "-h" in argv or "--help" in argv:
         groups = ", ".join(sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name != "hydra"))
+        if about:  # what the command needs, writes, and an example: its module's docstring
+            print(_plain(about) + "\n")
         print(USAGE.format(prog=prog, cmd=command, groups=groups))
         return 0
     try:

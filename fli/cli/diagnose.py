@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
         statuses.append(run_diagnose(cfg, resolved, run_dir, log)["exit_status"])
 
-    code = main_wrapper("diagnose", body, argv)
+    code = main_wrapper("diagnose", body, argv, about=__doc__)
     # main_wrapper returns 0 for a job that ran; the verdict of the chains is ours to report
     return code if code or not statuses else max(statuses)
 

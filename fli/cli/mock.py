@@ -28,7 +28,7 @@ def _body(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    return main_wrapper("mock", _body, argv)
+    return main_wrapper("mock", _body, argv, about=__doc__)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
         statuses.append(run_pipeline(cfg, resolved, run_dir, log)["exit_status"])
 
-    code = main_wrapper("pipeline", body, argv)
+    code = main_wrapper("pipeline", body, argv, about=__doc__)
     return code if code or not statuses else max(statuses)
 
 

@@ -217,6 +217,8 @@ def test_cfg_prints_the_composed_config_and_help_names_the_conventions(tmp_path)
     assert h["job"]["chdir"] is False
     res = run([*fli_mock(), "--help"], tmp_path)
     assert res.returncode == 0 and "--multirun" in res.stdout and "hydra.sweep.dir" in res.stdout
+    # the command's own help first: what it does and writes (its module's docstring, reST made plain)
+    assert res.stdout.startswith("fli-mock: draw the truth") and "mock.zarr" in res.stdout and "``" not in res.stdout
     assert list(tmp_path.iterdir()) == []
 
 

@@ -52,7 +52,14 @@ from fli.infer.sample.run_store import (
     write_running,
 )
 from fli.infer.sample.base import Kernel
-from fli.infer.sample.start import chain_keys, check_init_map, check_init_theta, initial_point, start_theta
+from fli.infer.sample.start import (
+    chain_keys,
+    check_init_map,
+    check_init_theta,
+    initial_point,
+    start_theta,
+    warn_prior_start,
+)
 from fli.lensing.born import KAPPA_SPEC
 from fli.store.manifest import check_kind, check_same_observation, read_manifest, write_manifest
 from fli.sim.power import default_kedges
@@ -154,6 +161,7 @@ def run_chains(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger, 
             log.info("start: y ~ N(0, I) in the preconditioned latent (the linearised posterior around the MAP of "
                      "%s), theta from %s", cfg.init, init_desc["theta"])
         else:
+            warn_prior_start(cfg, post, log)
             starts = [initial_point(cfg, post, obs, k, log) for k in k_inits]
             init_desc = starts[0][1]
         z0 = jax.jit(lambda *zs: jnp.stack(zs), out_shardings=zsh)(*[z for z, _ in starts])

@@ -192,6 +192,20 @@ def check_init_theta(cfg: Config) -> None:
                           f"init={how} is none: set init=<a fli-map run directory> or inference.init_theta=auto")
 
 
+# the largest field (tiny's 16 x 16 x 64 cells) on which chains from the prior were seen to arrive;
+# above it they ran to the prior's edges (docs/nuts.md, "Large fields")
+PRIOR_START_CELLS = 16 * 16 * 64
+
+
+def warn_prior_start(cfg: Config, post: Posterior, log: logging.Logger) -> None:
+    """One line where chains start from the prior on a field where that is known to fail."""
+    cells = int(np.prod(post.fwd.grid.shape))
+    if (cfg.init or "prior").strip() == "prior" and cells > PRIOR_START_CELLS:
+        log.warning("init=prior on a field of %d cells: above %d cells chains from the prior ran to the prior's "
+                    "edges (docs/nuts.md, 'Large fields'); start them from a MAP: init=<fli-map run dir>, or run "
+                    "fli-pipeline", cells, PRIOR_START_CELLS)
+
+
 def initial_point(cfg: Config, post: Posterior, obs, key, log: logging.Logger):
     """The flat latent the chain starts from and a description of it (for nuts.json)."""
     from fli.sim.sharding import white_noise  # noqa: PLC0415

@@ -47,3 +47,24 @@ def test_the_field_and_the_choice(tmp_path):
     assert start_theta("auto", joint, tmp_path, POST, k, "prior")[2] == "prior"
     with pytest.raises(ConfigError, match="inference.init_theta=muse: .* holds no MUSE estimate"):
         start_theta("muse", joint, tmp_path, POST, k, "map")
+
+
+def test_chains_from_the_prior_on_a_field_larger_than_tiny_are_warned_about(caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from fli.infer.sample.start import PRIOR_START_CELLS, warn_prior_start
+
+    log = logging.getLogger("fli.test_start")
+
+    def warned(shape, init):
+        caplog.clear()
+        post = SimpleNamespace(fwd=SimpleNamespace(grid=SimpleNamespace(shape=shape)))
+        with caplog.at_level(logging.WARNING, logger="fli.test_start"):
+            warn_prior_start(SimpleNamespace(init=init), post, log)
+        return [r.getMessage() for r in caplog.records]
+
+    assert PRIOR_START_CELLS == 16 * 16 * 64  # tiny's field, where chains from the prior were seen to arrive
+    (msg,) = warned((32, 32, 128), None)  # mid size, the default init
+    assert "init=prior on a field of 131072 cells" in msg and "init=<fli-map run dir>" in msg
+    assert warned((32, 32, 128), "prior") and not warned((16, 16, 64), None) and not warned((32, 32, 128), "/a/map")
