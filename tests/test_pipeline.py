@@ -17,7 +17,7 @@ from tests.helpers.posterior import SMALL
 from tests.helpers.processes import ROOT
 
 # a small model, a short MAP without its Laplace step, a chain long enough to be stopped in
-ARGS = [*SMALL, "inference.map.steps=15", "inference.map.laplace=false", "inference.num_warmup=6",
+ARGS = [*SMALL, "inference.kernel=nuts", "inference.chains_per_run=1", "inference.map.steps=15", "inference.map.laplace=false", "inference.num_warmup=6",
         "inference.num_samples=30", "inference.chunk=4", "inference.field_thin=4", "inference.max_tree_depth=3"]
 
 
@@ -53,3 +53,14 @@ def test_a_pipeline_killed_while_sampling_continues_where_it_stopped(tmp_path):
     assert complete_chunks(run / "sample") == list(range(9))  # (6 + 30 draws in chunks of 4)
     diag = json.loads((run / "diagnose" / "diagnostics.json").read_text())
     assert diag["exit_status"] == again.returncode and (run / "diagnose" / "report.html").is_file()
+
+
+def test_the_pipelines_chains_are_four_of_mclmcs_unless_the_command_line_says_otherwise():
+    from fli.cli.pipeline import with_defaults
+
+    four = "inference.chains_per_run=4"
+    assert with_defaults(["experiment=tiny"]) == ["inference.kernel=mclmc", four, "experiment=tiny"]
+    assert with_defaults(["inference.kernel=nuts"]) == [four, "inference.kernel=nuts"]
+    assert with_defaults(["-m", "inference.kernel=nuts,hmc", "inference.chains_per_run=1"]) == [
+        "-m", "inference.kernel=nuts,hmc", "inference.chains_per_run=1"]
+
