@@ -301,6 +301,19 @@ def main_wrapper(command: str, body: Body, argv: list[str] | None = None, about:
         return 2
 
 
+def verdict_main(command: str, run: Callable[..., dict], argv: list[str] | None, about: str | None) -> int:
+    """:func:`main_wrapper` for a command whose run ends in a verdict: ``run(cfg, resolved, run_dir,
+    log)`` returns a report with its ``exit_status``, and the command exits with the worst of its
+    jobs' (0 pass, 3 warn, 4 fail), or with main_wrapper's own status for bad input or a crash."""
+    statuses: list[int] = []
+
+    def body(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> None:
+        statuses.append(run(cfg, resolved, run_dir, log)["exit_status"])
+
+    code = main_wrapper(command, body, argv, about=about)
+    return code if code or not statuses else max(statuses)
+
+
 def _single(command: str, body: Body, args: _Args) -> int:
     with hydra_context(command):
         cfg, resolved, full = compose_one(args.overrides)

@@ -9,24 +9,17 @@ crash. See :mod:`fli.infer.diagnose.run` and docs/diagnose.md.
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
+from fli.cli.common import verdict_main
 
-from fli.cli.common import main_wrapper
-from fli.config import Config
+
+def _run(*args) -> dict:
+    from fli.infer.diagnose.run import run_diagnose  # noqa: PLC0415  (not imported for --help or a bad key)
+
+    return run_diagnose(*args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    statuses: list[int] = []
-
-    def body(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> None:
-        from fli.infer.diagnose.run import run_diagnose  # noqa: PLC0415
-
-        statuses.append(run_diagnose(cfg, resolved, run_dir, log)["exit_status"])
-
-    code = main_wrapper("diagnose", body, argv, about=__doc__)
-    # main_wrapper returns 0 for a job that ran; the verdict of the chains is ours to report
-    return code if code or not statuses else max(statuses)
+    return verdict_main("diagnose", _run, argv, about=__doc__)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,9 @@ inference.chains_per_run=4``, the best measured per gradient) unless the command
 
 from __future__ import annotations
 
-import logging
 import sys
-from pathlib import Path
 
-from fli.cli.common import main_wrapper
-from fli.config import Config
+from fli.cli.common import verdict_main
 
 
 # fli-pipeline's own defaults where the command line leaves a key unset: the best measured. MCLMC
@@ -31,17 +28,14 @@ def with_defaults(argv: list[str]) -> list[str]:
     return [f"{k}={v}" for k, v in DEFAULTS.items() if k not in given] + list(argv)
 
 
+def _run(*args) -> dict:
+    from fli.pipeline import run_pipeline  # noqa: PLC0415  (not imported for --help or a bad key)
+
+    return run_pipeline(*args)
+
+
 def main(argv: list[str] | None = None) -> int:
-    statuses: list[int] = []
-    argv = with_defaults(list(sys.argv[1:] if argv is None else argv))
-
-    def body(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> None:
-        from fli.pipeline import run_pipeline  # noqa: PLC0415
-
-        statuses.append(run_pipeline(cfg, resolved, run_dir, log)["exit_status"])
-
-    code = main_wrapper("pipeline", body, argv, about=__doc__)
-    return code if code or not statuses else max(statuses)
+    return verdict_main("pipeline", _run, with_defaults(list(sys.argv[1:] if argv is None else argv)), about=__doc__)
 
 
 if __name__ == "__main__":
