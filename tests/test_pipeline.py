@@ -1,6 +1,7 @@
-"""fli-pipeline as a user runs it: every stage into its own run directory, a kill -9 while the
-chains sample, then the same command: the finished stages are passed over, untouched, and the
-chain continues after its last complete chunk; the exit status is the diagnosis's."""
+"""fli-pipeline as a user runs it: every stage into its own run directory; a second command on the
+same run_dir while the chains sample refuses in one line naming the first; a kill -9 of the first,
+then the same command: it takes the directory over, passes the finished stages over untouched,
+and the chain continues after its last complete chunk; the exit status is the diagnosis's."""
 
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ from tests.helpers.processes import ROOT
 
 # a small model, a short MAP without its Laplace step, a chain long enough to be stopped in
 ARGS = [*SMALL, "inference.kernel=nuts", "inference.chains_per_run=1", "inference.map.steps=15", "inference.map.laplace=false", "inference.num_warmup=6",
-        "inference.num_samples=30", "inference.chunk=4", "inference.field_thin=4", "inference.max_tree_depth=3"]
+        "inference.num_samples=120", "inference.chunk=4", "inference.field_thin=4", "inference.max_tree_depth=3"]
 
 
 def _pipeline(run_dir):
     return [sys.executable, "-m", "fli.cli.pipeline", *ARGS, f"run_dir={run_dir}"]
 
 
-@pytest.mark.slow(seconds=150)  # a mock, a MAP, a chain's programs compiled, twice the process start-up
+@pytest.mark.slow(seconds=160)  # a mock, a MAP, a chain's programs compiled; three process start-ups
 def test_a_pipeline_killed_while_sampling_continues_where_it_stopped(tmp_path):
     run = tmp_path / "pipe"
     first = subprocess.Popen(_pipeline(run), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -34,11 +35,17 @@ def test_a_pipeline_killed_while_sampling_continues_where_it_stopped(tmp_path):
         while time.time() - t0 < 900 and first.poll() is None and not complete_chunks(run / "sample"):
             time.sleep(0.05)
         assert first.poll() is None and complete_chunks(run / "sample"), first.stderr.read()[-3000:]
+        second = subprocess.run(_pipeline(run), cwd=ROOT, capture_output=True, text=True, timeout=300)
+        err = [line for line in second.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
+        assert second.returncode == 2 and len(err) == 1, second.stderr[-3000:]
+        assert err[0].startswith(f"fli-pipeline: error: run_dir {run} is in use by fli-pipeline (pid {first.pid}"), err
+        assert first.poll() is None, "the refused command stopped the one that holds the directory"
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
     done = complete_chunks(run / "sample")
-    assert done[-1] < 8, "the chain finished before it was killed"
+    chunks = -(-(6 + 120) // 4)
+    assert done[-1] < chunks - 1, "the chain finished before it was killed"
     # the earlier stages are ordinary run directories of their commands
     assert json.loads((run / "mock" / "fli-run.json").read_text())["command"] == "fli-mock"
     assert json.loads((run / "map" / "fli-run.json").read_text())["command"] == "fli-map"
@@ -50,7 +57,7 @@ def test_a_pipeline_killed_while_sampling_continues_where_it_stopped(tmp_path):
     assert "stage mock already done" in log and "stage map already done" in log, log[-3000:]
     assert f"resuming after chunk {done[-1]}" in log and "taken over from fli-pipeline" in log, log[-3000:]
     assert {p: p.stat().st_mtime_ns for p in kept} == kept  # not made again
-    assert complete_chunks(run / "sample") == list(range(9))  # (6 + 30 draws in chunks of 4)
+    assert complete_chunks(run / "sample") == list(range(chunks))
     diag = json.loads((run / "diagnose" / "diagnostics.json").read_text())
     assert diag["exit_status"] == again.returncode and (run / "diagnose" / "report.html").is_file()
 

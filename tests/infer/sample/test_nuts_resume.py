@@ -177,39 +177,3 @@ def test_numpyros_own_layout_samples_resumes_on_another_layout_and_cannot_be_swa
     assert nuts_main([*base[:-1], "inference.sampler=sharded", "inference.num_samples=10"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "inference.sampler" in err[0], err
-
-
-@pytest.mark.slow(seconds=60)  # three processes start (jax, the config); the programs come from the session's cache
-def test_a_second_command_on_a_live_run_dir_refuses_and_a_killed_one_is_taken_over(small_mock, chain, tmp_path):
-    """Two fli-nuts on one run_dir: the second refuses in one line naming the first, which goes on;
-    after a kill -9 of the first, the same command takes the directory over and resumes."""
-    run = tmp_path / "shared"
-    args = [*SMALL, *CHAIN, "inference.num_samples=400", f"mock={small_mock}", f"run_dir={run}"]
-    first = subprocess.Popen([sys.executable, "-m", "fli.cli.nuts", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-    try:
-        t0 = time.time()
-        while time.time() - t0 < 600 and first.poll() is None and not complete_chunks(run):
-            time.sleep(0.05)
-        assert first.poll() is None and complete_chunks(run), "the first command ended before its first chunk"
-        second = _run(args, timeout=300)
-        assert second.returncode == 2, second.stderr[-3000:]
-        err = [line for line in second.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
-        assert len(err) == 1 and err[0].startswith(f"fli-nuts: error: run_dir {run} is in use by fli-nuts (pid "
-                                                   f"{first.pid}"), second.stderr[-3000:]
-        assert first.poll() is None, "the refused command stopped the one that holds the directory"
-    finally:
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-    done = complete_chunks(run)
-    again = subprocess.Popen([sys.executable, "-m", "fli.cli.nuts", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
-    try:
-        t0 = time.time()
-        while time.time() - t0 < 600 and again.poll() is None and complete_chunks(run)[-1] <= done[-1]:
-            time.sleep(0.05)
-        assert complete_chunks(run)[-1] > done[-1], "the same command did not continue the chain"
-    finally:
-        again.send_signal(signal.SIGKILL)
-        _, log = again.communicate()
-    assert "taken over from fli-nuts" in log and f"resuming after chunk {done[-1]}" in log, log[-3000:]
