@@ -12,7 +12,9 @@ manifest), so that any of them can be read, continued or re-run with that comman
 Started again on the same ``run_dir``, a finished stage is passed over (a complete mock, a
 ``map.json``, a chain at its last draw) and a stopped one continues from its own checkpoints; the
 pipeline refuses a run directory made with another model config, naming the key. The exit status
-is the diagnosis's (0 pass, 3 warn, 4 fail).
+is the diagnosis's (0 pass, 3 warn, 4 fail). ``pipeline.json`` says what each stage cost: whether
+this start made, resumed or passed it over, its seconds here, and the gradient evaluations its run
+holds in all (the MAP's with MUSE's, the chains').
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ from fli.config import Config, ConfigError
 COMMAND = "fli-pipeline"
 STAGES = ("mock", "map", "sample", "diagnose")
 CONFIG_YAML = "config.yaml"
+PIPELINE_JSON = "pipeline.json"
 # what a pipeline started again may change: where and how it reports, budgets that extend a stage
 MAY_CHANGE = ("run_dir", "progress", "compilation_cache", "distributed", "name", "diagnose",
               "inference.num_samples", "inference.map.steps", "inference.map.muse.iterations")
 
 
 @contextlib.contextmanager
-def _stage(run_dir: Path, name: str, log: logging.Logger):
+def _stage(run_dir: Path, name: str, log: logging.Logger, costs: dict):
     """Hold a stage's directory as its command would (one command at a time there), and log its time."""
     import jax  # noqa: PLC0415
 
@@ -55,7 +58,8 @@ def _stage(run_dir: Path, name: str, log: logging.Logger):
     finally:
         if lock is not None:
             lock.release()
-    log.info("%s: stage %s done in %.1f s", COMMAND, name, time.perf_counter() - t0)
+    costs[name] = {"status": "run", "seconds": time.perf_counter() - t0}
+    log.info("%s: stage %s done in %.1f s", COMMAND, name, costs[name]["seconds"])
 
 
 def _with(cfg: Config, resolved: dict, **keys) -> tuple[Config, dict]:
@@ -71,19 +75,21 @@ def _check_resume(run_dir: Path, resolved: dict) -> None:
         check_resumable(yaml.safe_load(saved.read_text()), resolved, MAY_CHANGE, where=f"run_dir {run_dir}")
 
 
-def _observation(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger) -> Path:
+def _observation(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger, costs: dict) -> Path:
     """The observation's path: ``mock=`` as given, or the mock stage's run (made, or found complete)."""
     from fli.mock import make_mock, write_mock  # noqa: PLC0415
     from fli.store.io import COMPLETE, MOCK_NAME  # noqa: PLC0415
 
     if cfg.mock is not None:
         log.info("%s: stage mock skipped: the observation is mock=%s", COMMAND, cfg.mock)
+        costs["mock"] = {"status": f"given: mock={cfg.mock}", "seconds": 0.0}
         return Path(cfg.mock)
     stage = run_dir / "mock"
     if (stage / MOCK_NAME / COMPLETE).is_file():
         log.info("%s: stage mock already done (%s)", COMMAND, stage / MOCK_NAME)
+        costs["mock"] = {"status": "done before", "seconds": 0.0}
         return stage
-    with _stage(run_dir, "mock", log) as d:
+    with _stage(run_dir, "mock", log, costs) as d:
         if (d / MOCK_NAME).exists():  # a mock cut short: derived data, made again
             log.info("%s: %s was cut short (no %s): made again", COMMAND, d / MOCK_NAME, COMPLETE)
             shutil.rmtree(d / MOCK_NAME)
@@ -101,7 +107,7 @@ def run_pipeline(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger
     from fli.infer.fit.map import MAP_JSON  # noqa: PLC0415
     from fli.infer.muse import MUSE  # noqa: PLC0415
     from fli.infer.sample import run_chains  # noqa: PLC0415
-    from fli.store.files import barrier, write_text  # noqa: PLC0415
+    from fli.store.files import barrier, write_json, write_text  # noqa: PLC0415
     from fli.store.manifest import check_kind, write_manifest  # noqa: PLC0415
 
     run_dir = Path(run_dir)
@@ -119,18 +125,43 @@ def run_pipeline(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger
     barrier("fli-pipeline-start")
     t0 = time.perf_counter()
 
-    obs = str(Path(_observation(cfg, resolved, run_dir, log)).absolute())
+    costs: dict[str, dict] = {}
+    obs = str(Path(_observation(cfg, resolved, run_dir, log, costs)).absolute())
     if (run_dir / "map" / MAP_JSON).is_file():
         log.info("%s: stage map already done (%s)", COMMAND, run_dir / "map" / MAP_JSON)
+        costs["map"] = {"status": "done before", "seconds": 0.0}
     else:
-        with _stage(run_dir, "map", log) as d:
+        with _stage(run_dir, "map", log, costs) as d:
             fit_map(*_with(cfg, resolved, run_dir=str(d), mock=obs), d, log, estimators={"muse": MUSE})
     map_dir = str((run_dir / "map").absolute())
-    with _stage(run_dir, "sample", log) as d:  # a finished chain says so and returns
+    with _stage(run_dir, "sample", log, costs) as d:  # a finished chain says so and returns
         run_chains(*_with(cfg, resolved, run_dir=str(d), mock=obs, init=map_dir), d, log, command="fli-sample")
-    with _stage(run_dir, "diagnose", log) as d:
+    with _stage(run_dir, "diagnose", log, costs) as d:
         dcfg, dres = _with(cfg, resolved, run_dir=str(d), runs=[str((run_dir / "sample").absolute())])
         report = run_diagnose(dcfg, dres, d, log)
-    log.info("%s: %s in %.1f s: %s (exit status %d); report %s", COMMAND, run_dir, time.perf_counter() - t0,
+    seconds = time.perf_counter() - t0
+    if jax.process_index() == 0:
+        write_json(run_dir / PIPELINE_JSON, stage_costs(run_dir, costs, seconds, report), default=float)
+    log.info("%s: %s in %.1f s: %s (exit status %d); report %s", COMMAND, run_dir, seconds,
              report["verdict"], report["exit_status"], run_dir / "diagnose" / "report.html")
     return report
+
+
+def stage_costs(run_dir: Path, costs: dict, seconds: float, report: dict) -> dict:
+    """pipeline.json: each stage's status and seconds in this start, and the gradient evaluations that
+    its run directory records in all (map.json's, with its MUSE block's; nuts.json's)."""
+    import json  # noqa: PLC0415
+
+    def grads(path: Path, *blocks: str) -> int | None:
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        keys = ("grad_evals", "gradient_evals")
+        return sum(int(b.get(k, 0)) for b in (d, *(d.get(x, {}) for x in blocks)) for k in keys)
+
+    stages = {k: dict(v) for k, v in costs.items()}
+    stages.get("map", {})["gradient_evals"] = grads(Path(run_dir) / "map" / "map.json", "muse")
+    stages.get("sample", {})["gradient_evals"] = grads(Path(run_dir) / "sample" / "nuts.json")
+    return {"stages": stages, "seconds_this_start": seconds, "verdict": report["verdict"],
+            "exit_status": report["exit_status"], "report": str(Path(run_dir) / "diagnose" / "report.html")}

@@ -60,6 +60,13 @@ def test_a_pipeline_killed_while_sampling_continues_where_it_stopped(tmp_path):
     assert complete_chunks(run / "sample") == list(range(chunks))
     diag = json.loads((run / "diagnose" / "diagnostics.json").read_text())
     assert diag["exit_status"] == again.returncode and (run / "diagnose" / "report.html").is_file()
+    cost = json.loads((run / "pipeline.json").read_text())  # what this start did, and each run's gradients
+    assert cost["exit_status"] == again.returncode
+    assert [cost["stages"][s]["status"] for s in ("mock", "map", "sample", "diagnose")] == [
+        "done before", "done before", "run", "run"]
+    assert cost["stages"]["map"]["gradient_evals"] == json.loads((run / "map" / "map.json").read_text())["grad_evals"]
+    nuts = json.loads((run / "sample" / "nuts.json").read_text())
+    assert cost["stages"]["sample"]["gradient_evals"] == nuts["gradient_evals"] > 0
 
 
 def test_the_pipelines_chains_are_four_of_mclmcs_unless_the_command_line_says_otherwise():
@@ -70,4 +77,19 @@ def test_the_pipelines_chains_are_four_of_mclmcs_unless_the_command_line_says_ot
     assert with_defaults(["inference.kernel=nuts"]) == [four, "inference.kernel=nuts"]
     assert with_defaults(["-m", "inference.kernel=nuts,hmc", "inference.chains_per_run=1"]) == [
         "-m", "inference.kernel=nuts,hmc", "inference.chains_per_run=1"]
+
+
+def test_pipeline_json_counts_each_runs_gradients_muse_included(tmp_path):
+    from fli.pipeline import stage_costs
+
+    (tmp_path / "map").mkdir()
+    (tmp_path / "sample").mkdir()
+    (tmp_path / "map" / "map.json").write_text(json.dumps({"grad_evals": 40, "muse": {"grad_evals": 900,
+                                                                                      "grad_evals_this_run": 300}}))
+    (tmp_path / "sample" / "nuts.json").write_text(json.dumps({"gradient_evals": 1200}))
+    costs = {"mock": {"status": "done before", "seconds": 0.0}, "map": {"status": "run", "seconds": 5.0},
+             "sample": {"status": "run", "seconds": 9.0}}
+    out = stage_costs(tmp_path, costs, 14.0, {"verdict": "warn", "exit_status": 3})
+    assert out["stages"]["map"]["gradient_evals"] == 940 and out["stages"]["sample"]["gradient_evals"] == 1200
+    assert out["exit_status"] == 3 and out["stages"]["mock"] == costs["mock"] and "gradient_evals" not in costs["map"]
 
