@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import shutil
 import time
@@ -42,22 +43,12 @@ MAY_CHANGE = ("run_dir", "progress", "compilation_cache", "distributed", "name",
 @contextlib.contextmanager
 def _stage(run_dir: Path, name: str, log: logging.Logger, costs: dict):
     """Hold a stage's directory as its command would (one command at a time there), and log its time."""
-    import jax  # noqa: PLC0415
+    from fli.store.claim import holding  # noqa: PLC0415
 
-    from fli.store.claim import RunDirLock  # noqa: PLC0415
-    from fli.store.files import agree  # noqa: PLC0415
-
-    lock = RunDirLock(run_dir / name, f"{COMMAND} ({name})") if jax.process_index() == 0 else None
-    why = agree([lock.acquire() if lock is not None else None])[0]  # every process refuses together
-    if why:
-        raise ConfigError(why)
     t0 = time.perf_counter()
-    log.info("%s: stage %s in %s", COMMAND, name, run_dir / name)
-    try:
+    with holding(run_dir / name, f"{COMMAND} ({name})", log):
+        log.info("%s: stage %s in %s", COMMAND, name, run_dir / name)
         yield run_dir / name
-    finally:
-        if lock is not None:
-            lock.release()
     costs[name] = {"status": "run", "seconds": time.perf_counter() - t0}
     log.info("%s: stage %s done in %.1f s", COMMAND, name, costs[name]["seconds"])
 
@@ -150,18 +141,18 @@ def run_pipeline(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger
 def stage_costs(run_dir: Path, costs: dict, seconds: float, report: dict) -> dict:
     """pipeline.json: each stage's status and seconds in this start, and the gradient evaluations that
     its run directory records in all (map.json's, with its MUSE block's; nuts.json's)."""
-    import json  # noqa: PLC0415
 
-    def grads(path: Path, *blocks: str) -> int | None:
+    def read(path: Path) -> dict | None:
         try:
-            d = json.loads(path.read_text())
+            return json.loads(path.read_text())
         except (OSError, ValueError):
             return None
-        keys = ("grad_evals", "gradient_evals")
-        return sum(int(b.get(k, 0)) for b in (d, *(d.get(x, {}) for x in blocks)) for k in keys)
 
+    m, n = read(Path(run_dir) / "map" / "map.json"), read(Path(run_dir) / "sample" / "nuts.json")
     stages = {k: dict(v) for k, v in costs.items()}
-    stages.get("map", {})["gradient_evals"] = grads(Path(run_dir) / "map" / "map.json", "muse")
-    stages.get("sample", {})["gradient_evals"] = grads(Path(run_dir) / "sample" / "nuts.json")
+    if "map" in stages:
+        stages["map"]["gradient_evals"] = None if m is None else m["grad_evals"] + m.get("muse", {}).get("grad_evals", 0)
+    if "sample" in stages:
+        stages["sample"]["gradient_evals"] = None if n is None else n["gradient_evals"]
     return {"stages": stages, "seconds_this_start": seconds, "verdict": report["verdict"],
             "exit_status": report["exit_status"], "report": str(Path(run_dir) / "diagnose" / "report.html")}

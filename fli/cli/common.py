@@ -17,7 +17,6 @@ is each process's own clock). Hydra never changes the working directory here
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -111,28 +110,6 @@ def _check_devices(cfg: Config) -> None:
                           f"(set distributed.local_device_count={need} on CPU)")
 
 
-@contextlib.contextmanager
-def _one_run_at_a_time(run_dir: Path, prog: str, log: logging.Logger):
-    """Hold ``run_dir`` for this command while its body runs: process 0 takes the directory's
-    lock (:class:`fli.store.claim.RunDirLock`), and every process refuses together, in one line
-    naming the live holder, where another command holds it. A holder that died is taken over."""
-    from fli.store.claim import RunDirLock  # noqa: PLC0415
-
-    lock = RunDirLock(run_dir, prog) if _process_index() == 0 else None
-    why = agree([lock.acquire() if lock is not None else None])[0]
-    if why:
-        raise ConfigError(why)
-    if lock is not None and lock.took_over is not None:
-        held = lock.took_over
-        log.warning("run_dir %s: taken over from %s (pid %s on %s, since %s), which no longer runs", run_dir,
-                    held.get("command", "an unreadable lock"), held.get("pid"), held.get("host"), held.get("started"))
-    try:
-        yield
-    finally:
-        if lock is not None:
-            lock.release()
-
-
 def _process_index() -> int:
     import jax  # noqa: PLC0415
 
@@ -172,7 +149,9 @@ def _job(command: str, body: Body, run_dir: str | None, in_process: bool, task_c
 
         log.info("%s: %d process(es), %d device(s) (%s), run directory %s", prog, jax.process_count(),
                  jax.device_count(), jax.devices()[0].platform, out)
-        with _one_run_at_a_time(out, prog, log):
+        from fli.store.claim import holding  # noqa: PLC0415
+
+        with holding(out, prog, log):  # one command at a time in a run directory
             body(cfg, resolved, out, log)
     except (ConfigError, FileNotFoundError, OSError, FloatingPointError) as e:
         # FloatingPointError: a numerical failure whose message says which setting to change

@@ -10,7 +10,9 @@ file system) counts while its holder keeps it fresh (:class:`RunDirLock`'s heart
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -165,3 +167,28 @@ class RunDirLock:
                 self.path.unlink()
         except (OSError, ValueError):
             pass
+
+
+@contextlib.contextmanager
+def holding(run_dir: Path, command: str, log: logging.Logger):
+    """Hold ``run_dir`` for ``command`` while the block runs: process 0 takes its :class:`RunDirLock`
+    and every process refuses together (:class:`ConfigError`, one line naming the live holder);
+    a dead holder's lock is taken over with a warning."""
+    import jax  # noqa: PLC0415
+
+    from fli.config import ConfigError  # noqa: PLC0415
+    from fli.store.files import agree  # noqa: PLC0415
+
+    lock = RunDirLock(run_dir, command) if jax.process_index() == 0 else None
+    why = agree([lock.acquire() if lock is not None else None])[0]
+    if why:
+        raise ConfigError(why)
+    if lock is not None and lock.took_over is not None:
+        held = lock.took_over
+        log.warning("run_dir %s: taken over from %s (pid %s on %s, since %s), which no longer runs", run_dir,
+                    held.get("command", "an unreadable lock"), held.get("pid"), held.get("host"), held.get("started"))
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
