@@ -7,7 +7,8 @@ manifest), so that any of them can be read, continued or re-run with that comman
   stage is skipped);
 * ``map/``: fli-map's joint MAP, and MUSE where ``inference.map.estimator=muse``;
 * ``sample/``: fli-sample's chains, started from ``map/`` (``init`` is the MAP's run);
-* ``diagnose/``: fli-diagnose of ``sample/``: verdicts, figures, report.html.
+* ``diagnose/``: fli-diagnose of ``sample/``: verdicts, figures, and report.html, which the
+  pipeline writes again with each stage's cost.
 
 Started again on the same ``run_dir``, a finished stage is passed over (a complete mock, a
 ``map.json``, a chain at its last draw) and a stopped one continues from its own checkpoints; the
@@ -132,7 +133,11 @@ def run_pipeline(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger
         report = run_diagnose(dcfg, dres, d, log)
     seconds = time.perf_counter() - t0
     if jax.process_index() == 0:
-        write_json(run_dir / PIPELINE_JSON, stage_costs(run_dir, costs, seconds, report), default=float)
+        summary = stage_costs(run_dir, costs, seconds, report)
+        write_json(run_dir / PIPELINE_JSON, summary, default=float)
+        from fli.infer.diagnose.report import write_html  # noqa: PLC0415
+
+        write_html({**report, "title": f"fli-pipeline {run_dir.name}", "stages": summary["stages"]}, run_dir / "diagnose")
     log.info("%s: %s in %.1f s: %s (exit status %d); report %s", COMMAND, run_dir, seconds,
              report["verdict"], report["exit_status"], run_dir / "diagnose" / "report.html")
     return report

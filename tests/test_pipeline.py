@@ -69,6 +69,17 @@ def test_a_pipeline_killed_while_sampling_continues_where_it_stopped(tmp_path):
     assert cost["stages"]["sample"]["gradient_evals"] == nuts["gradient_evals"] > 0
 
 
+def test_fli_samples_kernel_is_mclmc_unless_the_command_line_says_otherwise_and_fli_nuts_stays_nuts():
+    from fli.cli import sample
+    from fli.cli.compose import compose
+
+    assert sample.DEFAULTS == {"inference.kernel": "mclmc"}
+    assert sample.with_defaults(["experiment=tiny"], sample.DEFAULTS) == ["inference.kernel=mclmc", "experiment=tiny"]
+    assert sample.with_defaults(["inference.kernel=nuts"], sample.DEFAULTS) == ["inference.kernel=nuts"]
+    cfg, _ = compose(["experiment=tiny"])  # what fli-nuts composes: the config's own kernel
+    assert cfg.inference.kernel == "nuts"
+
+
 def test_the_pipelines_chains_are_four_of_mclmcs_unless_the_command_line_says_otherwise():
     from fli.cli.pipeline import with_defaults
 

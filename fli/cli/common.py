@@ -40,6 +40,7 @@ USAGE = """usage: {prog} [--help] [--cfg [job|hydra|all]] [-m | --multirun] [key
 Hydra overrides, e.g.  simulation.mesh=[32,32,64]  distributed.pdims=[1,2]  experiment=tiny
 --cfg [job|hydra|all]  print the composed config (job: validated and resolved, the default) and exit
 -m, --multirun         one run per combination of comma-separated values:  -m seed=0,1,2
+observation            observation=DIR: a fli-observe observation or a fli-mock run (mock=DIR, the same key)
 run directory          run_dir=DIR, else hydra.run.dir=DIR, else outputs/{cmd}/<date>_<time>
 sweep directory        hydra.sweep.dir=DIR (default multirun/{cmd}/<date>_<time>), job i in
                        DIR/<hydra.sweep.subdir> (default i)
@@ -265,7 +266,7 @@ def main_wrapper(command: str, body: Body, argv: list[str] | None = None, about:
         print(USAGE.format(prog=prog, cmd=command, groups=groups))
         return 0
     try:
-        args = _parse(argv)
+        args = _parse(observation_alias(argv))
         if args.multirun:
             return _sweep(command, body, args.overrides)
         return _single(command, body, args)
@@ -278,6 +279,27 @@ def main_wrapper(command: str, body: Body, argv: list[str] | None = None, about:
             raise
         print(f"{prog}: error: {msg}", file=sys.stderr)
         return 2
+
+
+def observation_alias(argv: list[str]) -> list[str]:
+    """``observation=<dir>``, the name for a user's data, as the config's key ``mock=`` (which
+    stays: a fli-mock run is an observation too). Both, naming different paths: ConfigError."""
+    obs = [a.split("=", 1)[1] for a in argv if a.startswith("observation=")]
+    if not obs:
+        return argv
+    mocks = [a.split("=", 1)[1] for a in argv if a.startswith("mock=")]
+    if len(set(obs + mocks)) > 1:
+        raise ConfigError(f"observation= and mock= name one key, the observation; given {', '.join(obs + mocks)}: "
+                          f"give one path")
+    return [("mock=" + a.split("=", 1)[1]) if a.startswith("observation=") else a for a in argv
+            if not a.startswith("mock=")]
+
+
+def with_defaults(argv: list[str], defaults: dict) -> list[str]:
+    """``argv`` with a command's own ``defaults`` (``{key: value}``) put first for the keys it does
+    not set: the command line, and a multirun's sweep of the key, win."""
+    given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a and not a.startswith("-")}
+    return [f"{k}={v}" for k, v in defaults.items() if k not in given] + list(argv)
 
 
 def verdict_main(command: str, run: Callable[..., dict], argv: list[str] | None, about: str | None) -> int:

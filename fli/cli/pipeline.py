@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 
+from fli.cli import common
 from fli.cli.common import verdict_main
 
 
@@ -24,8 +25,7 @@ DEFAULTS = {"inference.kernel": "mclmc", "inference.chains_per_run": 4}
 
 def with_defaults(argv: list[str]) -> list[str]:
     """``argv`` with :data:`DEFAULTS` put first for the keys it does not set."""
-    given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a and not a.startswith("-")}
-    return [f"{k}={v}" for k, v in DEFAULTS.items() if k not in given] + list(argv)
+    return common.with_defaults(argv, DEFAULTS)
 
 
 def _run(*args) -> dict:

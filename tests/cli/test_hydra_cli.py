@@ -289,3 +289,24 @@ def test_fli_mock_hydra_run_dir_with_a_relative_path(tmp_path):
     assert (tmp_path / "runs" / "one" / "mock.zarr" / COMPLETE).is_file()
     assert_hydra_files(tmp_path / "runs" / "one")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+
+
+def test_observation_names_the_data_and_mock_stays_its_alias(tmp_path, capsys):
+    """observation=<dir> is the key mock= under the name a user's data has; both, naming two paths,
+    are refused in one line before anything is written."""
+    from fli.cli.common import observation_alias
+    from fli.config import ConfigError
+
+    assert observation_alias(["observation=/d", "seed=1"]) == ["mock=/d", "seed=1"]
+    assert observation_alias(["mock=/d", "observation=/d"]) == ["mock=/d"]
+    assert observation_alias(["mock=/d"]) == ["mock=/d"]
+    with pytest.raises(ConfigError, match="observation= and mock= name one key"):
+        observation_alias(["observation=/a", "mock=/b"])
+    seen = []
+    code = main_wrapper("probe", lambda cfg, resolved, run_dir, log: seen.append((cfg.mock, resolved["mock"])),
+                        ["experiment=tiny", f"observation={tmp_path / 'obs'}", f"run_dir={tmp_path / 'run'}"])
+    assert code == 0 and seen == [(str(tmp_path / "obs"), str(tmp_path / "obs"))]
+    run = tmp_path / "two"
+    assert main_wrapper("probe", lambda *a: None, ["experiment=tiny", "observation=/a", "mock=/b", f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fli-probe: error: observation= and mock=") and not run.exists()

@@ -68,6 +68,12 @@ def reference_values(obs, names) -> dict | None:
 def prior_s8(config: dict, n: int = 20000, seed: int = 0) -> np.ndarray:
     """Draws of S8 under the run's prior: sampled parameters through PriorTransform, the
     others at the run's ``cosmology``."""
+    return prior_draws(config, n, seed)["S8"]
+
+
+def prior_draws(config: dict, n: int = 20000, seed: int = 0) -> dict[str, np.ndarray]:
+    """Draws of every parameter under the run's prior, derived ones included: the sampled ones
+    through PriorTransform, the others fixed at the run's ``cosmology``."""
     import jax  # noqa: PLC0415
 
     from fli.config import to_config  # noqa: PLC0415
@@ -82,7 +88,52 @@ def prior_s8(config: dict, n: int = 20000, seed: int = 0) -> np.ndarray:
     p = {k: np.full(n, v) for k, v in cfg.cosmology.parameters().items()}
     for i, name in enumerate(pt.names):
         p[name] = x[:, i]
-    return with_derived(p)["S8"]
+    return with_derived(p)
+
+
+def latent_gaussian_draws(config: dict, mean_z, cov_z, n: int = 20000, seed: int = 0) -> dict:
+    """Draws of a Gaussian in the standardised latents of the sampled parameters (MUSE's
+    ``theta_z``, ``cov_z``) pushed through the run's PriorTransform, the others at the run's
+    ``cosmology``, derived parameters included: MUSE's posterior as MUSE states it."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    from fli.config import to_config  # noqa: PLC0415
+    from fli.infer.config_keys import DIAGNOSE  # noqa: PLC0415
+    from fli.infer.posterior.priors import PriorTransform  # noqa: PLC0415
+
+    cfg = to_config({k: v for k, v in config.items() if k != "hydra" and k not in DIAGNOSE})
+    pt = PriorTransform.from_config(cfg.prior)
+    z = np.random.default_rng(seed).multivariate_normal(np.asarray(mean_z, float), np.asarray(cov_z, float), n)
+    x = np.asarray(jax.vmap(pt)(jnp.asarray(z, jnp.float32)), float)
+    p = {k: np.full(n, v) for k, v in cfg.cosmology.parameters().items()}
+    for i, name in enumerate(pt.names):
+        p[name] = x[:, i]
+    return with_derived(p)
+
+
+def start_of(config: dict, notes: list[str]) -> dict | None:
+    """The fli-map run that the chains started from (``init=<fli-map run directory>``): its joint
+    MAP ``map`` with the Laplace marginal sds ``laplace_sd``, and MUSE's ``muse`` (``params``,
+    ``sd``, its latent Gaussian ``theta_z``, ``cov_z``) where it ran; None for any other start."""
+    import json  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    init = config.get("init")
+    path = Path(str(init)) / "map.json" if init else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        notes.append(f"the start {init}: map.json not readable ({e}): no MAP or MUSE in the report")
+        return None
+    out = {"run": str(init), "map": m.get("params", {}), "muse": None,
+           "laplace_sd": ((m.get("laplace") or {}).get("marginal") or {}).get("std", {})}
+    mu = m.get("muse")
+    if mu:
+        out["muse"] = {"params": mu["params"], "sd": mu["sd"], "theta_z": mu["theta_z"], "cov_z": mu["cov_z"]}
+    return out
 
 
 def _grid(config: dict):
@@ -153,16 +204,25 @@ def residuals(chains, obs, n: int) -> list[dict]:
 
 def figure_data(idata, chains, dcfg, notes: list[str], obs) -> dict:
     """Everything the figures need beyond the InferenceData: ``obs`` (or None), ``ref``,
-    ``prior_s8``, ``field_pk``, ``pooled`` (running.zarr, or None), ``r_k`` (or None),
+    ``prior`` (draws of every parameter) and ``prior_s8``, ``start`` (:func:`start_of`) and
+    ``muse_draws`` where MUSE ran, ``field_pk``, ``pooled`` (running.zarr, or None), ``r_k`` (or None),
     ``residuals``. ``obs``: :func:`truth_of`'s."""
     config = chains[0].config
     out = {"obs": obs, "ref": reference_values(obs, names_of_run(config)), "pooled": None, "r_k": None,
            "residuals": []}
     try:
-        out["prior_s8"] = prior_s8(config)
+        out["prior"] = prior_draws(config)
+        out["prior_s8"] = out["prior"]["S8"]
     except Exception as e:  # noqa: BLE001  a config too old to rebuild its prior
         notes.append(f"s8_prior: no prior draws ({type(e).__name__}: {e})")
-        out["prior_s8"] = None
+        out["prior"] = out["prior_s8"] = None
+    out["start"] = start_of(config, notes)
+    if out["start"] is not None and out["start"]["muse"] is not None:
+        mu = out["start"]["muse"]
+        try:
+            out["muse_draws"] = latent_gaussian_draws(config, mu["theta_z"], mu["cov_z"])
+        except Exception as e:  # noqa: BLE001  a covariance that is not one
+            notes.append(f"MUSE's Gaussian not drawn ({type(e).__name__}: {e})")
     try:
         out["field_pk"] = white_noise_spectra(idata.field_summaries["pk_white_noise"], chains[0].k, config, obs)
     except Exception as e:  # noqa: BLE001

@@ -1,10 +1,11 @@
 """Figures of ``fli-diagnose`` (matplotlib, Agg; one process): each draws what
 :mod:`fli.infer.diagnose.fields` computed, and nothing else.
 
-ArviZ draws the trace, rank, pair (divergences, a mock's truth) and energy plots, and fli its own
-trace of every draw with the warm-up shaded; MCLMC chains,
+ArviZ draws the trace, rank and energy plots, and fli its own trace of every draw with the
+warm-up shaded and the corner plot of the parameters (:mod:`fli.infer.diagnose.estimates`: the
+prior, the truth, the MAP and MUSE beside the posterior); MCLMC chains,
 which have no Hamiltonian energy, get their energy error per transition instead. The others:
-the S8 posterior against its prior, the white noise's P(k) of the draws against the prior
+the observed maps against the posterior's prediction, the S8 posterior against its prior, the white noise's P(k) of the draws against the prior
 expectation, and with ``running.zarr`` and a mock's truth the posterior mean and standard
 deviation of the field (a slice), r(k) of the posterior mean with the truth, the posterior mass
 maps, and posterior-predictive residual maps of thinned draws. A figure that cannot be drawn is
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fli.infer.diagnose.estimates import corner
 from fli.infer.diagnose.sampler import energy_error_target
 from fli.infer.sample.inference_data import quiet_arviz
 from fli.infer.posterior.params import names_of_run
@@ -62,10 +64,7 @@ def figures(idata, chains, data: dict, run_dir: Path, log: logging.Logger, notes
     arviz_fig("rank", lambda: az.plot_rank(idata, var_names=names, figsize=(11, 2.6 * ((len(names) + 1) // 2)),
                                            backend_kwargs={"constrained_layout": True}))
     pair = [n for n in names if n != "Omega_m"]  # Omega_m = Omega_c + Omega_b: a line against Omega_c
-    arviz_fig("pair", lambda: az.plot_pair(idata, var_names=pair, divergences=True, marginals=True,
-                                           reference_values=ref, figsize=(2.6 * len(pair),) * 2,
-                                           reference_values_kwargs={"color": "C3", "marker": "x",
-                                                                    "markersize": 9}))
+    draw("corner", lambda: corner(idata, pair, data, run_dir / "corner.png"))
     if "field_summaries" in idata.groups() and "projections" in idata.field_summaries:
         p = np.asarray(idata.field_summaries["projections"])  # [chain, draw, K], largest eigenvalue first
         shown = min(p.shape[-1], 6)
@@ -88,6 +87,8 @@ def figures(idata, chains, data: dict, run_dir: Path, log: logging.Logger, notes
         draw("field_pk", lambda: field_pk(data["field_pk"], run_dir / "field_pk.png"))
     pooled, has_truth = data["pooled"], obs is not None and obs.has_truth
     fov = obs.fov_deg if obs is not None else float(config.get("lensing", {}).get("fov_deg", 1.0))
+    if pooled is not None and obs is not None:
+        draw("maps", lambda: observed_maps(obs, pooled["mean_kappa"], fov, run_dir / "maps.png"))
     if pooled is not None:
         truth_s = np.asarray(obs.white_noise) if has_truth else None
         draw("field_slices", lambda: field_slices(pooled, truth_s, config, run_dir / "field_slices.png"))
@@ -232,6 +233,29 @@ def field_slices(pooled, truth, config, path: Path) -> Path:
         ax.set_ylabel("x [Mpc/h]")
         fig.colorbar(im, ax=ax, shrink=0.9)
     axes[-1, 0].set_xlabel("z (line of sight) [Mpc/h]")
+    return save_figure(fig, path)
+
+
+def observed_maps(obs, mean_kappa, fov, path: Path) -> Path:
+    """The observed kappa per bin (what the likelihood reads), the posterior's mean prediction of
+    it, and their difference in units of the noise (0 where masked)."""
+    plt = pyplot()
+    kobs, sigma = np.asarray(obs.kappa_obs, float), np.asarray(obs.noise_sigma, float)
+    mask = np.ones(kobs.shape[1:], bool) if obs.mask is None else np.asarray(obs.mask, bool)
+    nb = kobs.shape[0]
+    ext = (-fov / 2, fov / 2, -fov / 2, fov / 2)
+    fig, axes = plt.subplots(3, nb, figsize=(3.4 * nb + 0.8, 9.0), squeeze=False, constrained_layout=True)
+    for b in range(nb):
+        lim = float(np.max(np.abs(kobs[b][mask]))) or 1.0
+        res = np.where(mask, (kobs[b] - mean_kappa[b]) / sigma[b], 0.0)
+        chi2 = float(np.mean(res[mask] ** 2))
+        for r, (t, m, lo, hi, cm) in enumerate((
+                ("observed", np.where(mask, kobs[b], np.nan), -lim, lim, "RdBu_r"),
+                ("predicted (posterior mean)", mean_kappa[b], -lim, lim, "RdBu_r"),
+                (f"(observed - predicted) / noise, mean square {chi2:.2f}", res, -3, 3, "PuOr_r"))):
+            im = _img(axes[r, b], m.T, f"bin {b}: {t}", lo, hi, cm, ext)
+            axes[r, b].set_xlabel("deg")
+            fig.colorbar(im, ax=axes[r, b], shrink=0.8)
     return save_figure(fig, path)
 
 

@@ -21,7 +21,8 @@ the shortest chain's post-warm-up draws:
   of ``stats.npz``).
 
 Each check has pass/warn bands (:class:`fli.config.DiagnoseConfig`); the overall verdict is the
-worst check. Outputs (:func:`run_diagnose`): ``diagnostics.json``, ``chains.nc`` (the combined
+worst check. Beside them, the parameters' estimates (:mod:`fli.infer.diagnose.estimates`): the
+posterior's against the prior, the truth, and the MAP and MUSE of a fli-map start. Outputs (:func:`run_diagnose`): ``diagnostics.json``, ``chains.nc`` (the combined
 InferenceData), figures and ``report.html`` (:mod:`fli.infer.diagnose.report`). Reading,
 checking and combining the runs' chains is :mod:`fli.infer.diagnose.chains`'s.
 """
@@ -37,6 +38,7 @@ from fli.store.files import write_json
 from fli.infer.diagnose.convergence import convergence, field_convergence, projection_convergence
 from fli.infer.diagnose.chains import Chain, chain_table, combine, find_runs, load
 from fli.infer.diagnose.checks import EXIT_STATUS, checks, efficiency, overall
+from fli.infer.diagnose.estimates import estimates
 from fli.infer.diagnose.sampler import sampler_health
 from fli.infer.sample.inference_data import quiet_arviz
 from fli.infer.posterior.params import names_of_run
@@ -99,7 +101,10 @@ def run_diagnose(cfg, resolved: dict, run_dir: Path, log: logging.Logger) -> dic
         report["figures"], report["figure_notes"] = figures(
             idata, chains, data, run_dir, log, notes, cfg.diagnose.energy_error_ratio_pass), notes
     else:
+        data = {}
         report["figures"], report["figure_notes"] = {}, ["diagnose.figures=false"]
+    report["estimates"] = estimates(idata, [k for k in report["params"] if k != "Omega_m"], data)
+    report["config"] = chains[0].config
     write_json(run_dir / DIAGNOSTICS_JSON, report)
     write_manifest(run_dir, "fli-diagnose", resolved)
     from fli.infer.diagnose.report import write_html  # noqa: PLC0415

@@ -92,7 +92,7 @@ def test_command_writes_report_and_exit_status(tmp_path, config, capsys):
     assert "verdict: PASS (exit status 0)" in text and len(text.splitlines()) < 40  # one screen
     rep = json.loads((out / "diagnostics.json").read_text())
     assert rep["verdict"] == "pass" and (out / "chains.nc").is_file()
-    for name in ("trace", "warmup_trace", "rank", "pair", "energy", "s8_prior", "field_pk"):
+    for name in ("trace", "warmup_trace", "rank", "corner", "energy", "s8_prior", "field_pk"):
         assert (out / f"{name}.png").is_file(), rep["figure_notes"]
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") == len(rep["figures"]) and "src=\"http" not in page
@@ -170,7 +170,7 @@ def test_real_chains_of_the_small_mock(small_mock, chain, tmp_path):
     assert [p["ebfmi"] for p in rep["sampler"]["per_chain"]] == pytest.approx(az.bfmi(idata).tolist(), rel=1e-12)
     # max_tree_depth=3 in CHAIN: the saturation is read against the run's own config
     assert all(p["max_tree_depth"] == 3 for p in rep["sampler"]["per_chain"])
-    for name in ("trace", "rank", "pair", "energy", "s8_prior", "field_pk", "field_slices", "mass_maps", "r_k",
+    for name in ("trace", "rank", "corner", "energy", "s8_prior", "field_pk", "field_slices", "mass_maps", "maps", "r_k",
                  "residuals"):
         assert (out / f"{name}.png").is_file(), (name, rep["figure_notes"])
 
@@ -205,7 +205,7 @@ def test_report_renders_in_headless_chromium(tmp_path, config):
     assert refs and all(r.startswith("data:image/png;base64,") for r in refs), [r[:40] for r in refs]
     base = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
     shot = tmp_path / "shot.png"
-    r = subprocess.run([*base, f"--screenshot={shot}", "--window-size=1200,3000", page.as_uri()],
+    r = subprocess.run([*base, f"--screenshot={shot}", "--window-size=1200,8000", page.as_uri()],
                        capture_output=True, text=True, timeout=120)
     assert shot.is_file(), r.stderr[-2000:]
     import matplotlib.image as mi

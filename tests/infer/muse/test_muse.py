@@ -443,7 +443,7 @@ def _check_a_chain_starts_from_muse(mock, run, m, tmp_path):
     from tests.helpers.posterior import CHAIN
 
     chain = tmp_path / "chain"
-    assert sample_main([*LINEAR, *CHAIN, f"mock={mock}", f"init={run}", f"run_dir={chain}"]) == 0
+    assert sample_main([*LINEAR, *CHAIN, "inference.kernel=nuts", f"mock={mock}", f"init={run}", f"run_dir={chain}"]) == 0
     init = json.loads((chain / "nuts.json").read_text())["init"]
     assert init["theta"] == "muse" and init["field"] == "muse_field.zarr", init
 

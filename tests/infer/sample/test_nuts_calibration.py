@@ -118,7 +118,7 @@ def calibration_adjusted_mclmc() -> dict[str, np.ndarray]:
 
 
 # each kernel's own settings beside LINEAR's
-KERNEL_OVERRIDES = {"nuts": ["inference.max_tree_depth=7"], "adjusted_mclmc": ["inference.kernel=adjusted_mclmc"]}
+KERNEL_OVERRIDES = {"nuts": ["inference.kernel=nuts", "inference.max_tree_depth=7"], "adjusted_mclmc": ["inference.kernel=adjusted_mclmc"]}
 
 
 def _calibration(tmp_path, kernel: str = "nuts", precondition: bool = False):
