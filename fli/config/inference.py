@@ -15,10 +15,10 @@ class ParamPrior:
     ``truncated_normal`` (loc, scale) cut to [low, high]."""
 
     dist: str = "uniform"  # "uniform" | "normal" | "truncated_normal"
-    low: float = 0.0
-    high: float = 1.0
-    loc: float = 0.0
-    scale: float = 1.0
+    low: float = 0.0  # uniform, truncated_normal: lower bound
+    high: float = 1.0  # uniform, truncated_normal: upper bound
+    loc: float = 0.0  # normal, truncated_normal: centre
+    scale: float = 1.0  # normal, truncated_normal: width
 
     def check(self, name: str) -> None:
         key = f"prior.params.{name}"
@@ -39,7 +39,8 @@ PARAM_NAMES = ("Omega_c", "Omega_b", "h", "n_s", "sigma8", "w0", "wa")
 class PriorConfig:
     """Sampled cosmological parameters and their priors; the others stay at ``cosmology``."""
 
-    sample: list[str] = field(default_factory=lambda: ["Omega_c", "sigma8"])
+    sample: list[str] = field(default_factory=lambda: ["Omega_c", "sigma8"])  # parameters sampled, each with prior.params.<name>
+    # each sampled parameter's prior, a prior.params.<name> entry
     params: dict[str, ParamPrior] = field(default_factory=lambda: {
         "Omega_c": ParamPrior(low=0.15, high=0.45),
         "sigma8": ParamPrior(low=0.5, high=1.1),
@@ -135,23 +136,23 @@ class MapConfig:
     steps: int = 200  # step budget (may be raised to extend a run)
     lr: float = 0.02  # Adam's peak learning rate (in the standardised latents)
     schedule: str = "cosine"  # Adam: "constant" | "cosine" | "exponential" decay to lr * lr_final
-    lr_final: float = 0.1
-    lbfgs_memory: int = 10
+    lr_final: float = 0.1  # adam: the schedule decays to lr * lr_final
+    lbfgs_memory: int = 10  # lbfgs: curvature pairs kept
     tol: float = 1e-6  # stop when |relative loss change| < tol for `patience` steps (float32 round-off ~6e-8)
-    patience: int = 5
+    patience: int = 5  # steps below tol before the fit stops
     anneal: bool = False  # smooth the kappa residual, large to small scale, before the exact stage
-    anneal_arcmin: list[float] = field(default_factory=lambda: [16.0, 8.0, 4.0, 2.0])
+    anneal_arcmin: list[float] = field(default_factory=lambda: [16.0, 8.0, 4.0, 2.0])  # anneal: the smoothing widths, one stage each
     anneal_steps: int = 40  # steps per smoothing stage (the final, unsmoothed stage uses the rest)
     fix_cosmology: bool = False  # field-only MAP at the config's cosmology
-    checkpoint_every: int = 25
-    laplace: bool = True
-    cg_tol: float = 1e-5
-    cg_maxiter: int = 1000
+    checkpoint_every: int = 25  # an orbax checkpoint every N steps and at the end
+    laplace: bool = True  # the parameters' marginal and conditional Laplace errors
+    cg_tol: float = 1e-5  # Laplace: conjugate gradients' relative tolerance
+    cg_maxiter: int = 1000  # Laplace: conjugate gradients' iterations at most
     compare_truth: Optional[bool] = None  # r(k), T(k), r_ell against a mock's truth; None: when present
     # the parameters' estimate: "joint" (the joint MAP and its Laplace width) | "muse" (the joint
     # MAP, then MUSE's estimate and covariance beside it; fli/infer/muse/estimator.py)
     estimator: str = "joint"
-    muse: MuseConfig = field(default_factory=MuseConfig)
+    muse: MuseConfig = field(default_factory=MuseConfig)  # estimator=muse's settings
 
     def __post_init__(self) -> None:
         _check(self.estimator in ESTIMATORS, "inference.map.estimator", " or ".join(map(repr, ESTIMATORS)),
@@ -183,7 +184,7 @@ PRECONDITIONERS = ("none", "lowrank")
 class InferenceConfig:
     """``fli-map`` (``map``) and ``fli-sample``, ``fli-nuts`` (the rest): see docs/nuts.md."""
 
-    map: MapConfig = field(default_factory=MapConfig)
+    map: MapConfig = field(default_factory=MapConfig)  # fli-map's settings
     kernel: str = "nuts"  # "nuts" | "hmc" (NumPyro's) | "mclmc" | "adjusted_mclmc" (fli's; sampler=sharded)
     integrator: str = "mclachlan"  # MCLMC's splitting of a step: "mclachlan" (2 gradients) | "leapfrog" (1)
     # MCLMC's trajectory length L at the warm-up's end: "variance" (sqrt of the summed variances) |
@@ -214,7 +215,7 @@ class InferenceConfig:
     # the latent the kernel moves: "none" (the standardised one) | "lowrank" (z = ref + C^1/2 y, C from
     # precondition_rank Lanczos steps on the Gauss-Newton Hessian at init=<fli-map run>; fli/infer/sample/precondition.py)
     precondition: str = "none"
-    precondition_rank: int = 128
+    precondition_rank: int = 128  # lowrank: Lanczos steps, 2 gradient evaluations each
     precondition_points: int = 0  # lowrank: 0 = curvature at the MAP; K = averaged over K linearised draws
     # K data-constrained field directions whose projections every draw records for fli-diagnose
     # (the preconditioner's top K, else a Lanczos pass at init=<fli-map run>); 0: none
@@ -262,21 +263,21 @@ class DiagnoseConfig:
     """
 
     rhat_pass: float = 1.01  # rank-normalised split R-hat < rhat_pass
-    rhat_warn: float = 1.05
+    rhat_warn: float = 1.05  # warn below, fail above
     ess_pass: float = 400.0  # bulk and tail ESS > ess_pass (the chains together)
-    ess_warn: float = 100.0
+    ess_warn: float = 100.0  # warn above, fail below
     bfmi_pass: float = 0.3  # E-BFMI of every chain > bfmi_pass
-    bfmi_warn: float = 0.2
+    bfmi_warn: float = 0.2  # warn above, fail below
     divergence_warn: float = 0.001  # fraction of post-warm-up draws; none passes
     tree_depth_pass: float = 0.05  # fraction of draws at the run's max_tree_depth < tree_depth_pass
-    tree_depth_warn: float = 0.20
+    tree_depth_warn: float = 0.20  # warn below, fail above
     # MCLMC: Var(energy error) / dimension over the target its warm-up tuned it to (the run's
     # inference.mclmc_energy_error). Its bias grows with it: on tiny PM, chains 0.4-0.9x their
     # target gave S8 within 0.01 sd, chains up to 19x and 35x gave -0.09 and -0.15 sd, and up to
     # 81x -0.21 sd (docs/benchmarks.md, "MCLMC's step-size average restarted")
     energy_error_ratio_pass: float = 3.0
-    energy_error_ratio_warn: float = 10.0
-    figures: bool = True
+    energy_error_ratio_warn: float = 10.0  # warn below, fail above
+    figures: bool = True  # draw the figures (and the report's panels)
     residual_draws: int = 3  # thinned draws shown in the posterior-predictive residual maps
 
     def __post_init__(self) -> None:

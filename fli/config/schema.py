@@ -26,16 +26,16 @@ class CosmologyConfig:
     at ``T_cmb`` [K] and ``N_eff`` massless neutrino species in the expansion history, as in
     CCL (false: a radiation-free background, fli's before radiation was added)."""
 
-    Omega_c: float = 0.2607
-    Omega_b: float = 0.0490
-    h: float = 0.6766
-    n_s: float = 0.9665
-    sigma8: float = 0.8102
-    w0: float = -1.0
-    wa: float = 0.0
-    radiation: bool = True
-    T_cmb: float = 2.7255
-    N_eff: float = 3.044
+    Omega_c: float = 0.2607  # cold dark matter density today (Planck 2018)
+    Omega_b: float = 0.0490  # baryon density today
+    h: float = 0.6766  # H0 / (100 km/s/Mpc)
+    n_s: float = 0.9665  # primordial spectral index
+    sigma8: float = 0.8102  # rms linear density contrast in spheres of 8 Mpc/h today
+    w0: float = -1.0  # dark energy's equation of state w(a) = w0 + wa (1 - a)
+    wa: float = 0.0  # its evolution with a
+    radiation: bool = True  # photons and massless neutrinos in the expansion history
+    T_cmb: float = 2.7255  # [K] CMB temperature today
+    N_eff: float = 3.044  # effective number of massless neutrino species
 
     def parameters(self) -> dict[str, float]:
         """The seven cosmological parameters (a mock's truth), without the radiation switches."""
@@ -110,9 +110,9 @@ class LensingConfig:
     # alpha(a) = pgd_alpha a^pgd_mu, filter exp(-(pgd_kl/k)^2 - (k/pgd_ks)^4) [h/Mpc]; pgd_alpha 0 is off.
     # Fitted on the low_s8 cosmology, seeds 200-207 (docs/fidelity.md)
     pgd_alpha: float = 1.0
-    pgd_mu: float = 0.0
-    pgd_kl: float = 0.4
-    pgd_ks: float = 1.0
+    pgd_mu: float = 0.0  # PGD amplitude's power of a
+    pgd_kl: float = 0.4  # [h/Mpc] PGD filter's large-scale cut
+    pgd_ks: float = 1.0  # [h/Mpc] PGD filter's small-scale cut
     subparticles: int = 2  # planes=particles: each particle painted as n x n sub-particles (less shot noise)
     # the likelihood reads each bin's Fourier modes up to this multipole, whitened under the mask
     # (fli/infer/posterior/scale_cut.py); one per source bin; null: every pixel
@@ -141,13 +141,13 @@ class NzBinConfig:
     or a table (z, n(z)); ``n_gal`` galaxies per arcmin^2."""
 
     kind: str = "smail"  # "smail" | "table"
-    z0: float = 0.5
-    alpha: float = 2.0
-    beta: float = 1.5
-    z_min: float = 0.0
-    z_max: float = 3.0
-    z: Optional[list[float]] = None
-    nz: Optional[list[float]] = None
+    z0: float = 0.5  # smail: scale redshift
+    alpha: float = 2.0  # smail: power of z
+    beta: float = 1.5  # smail: power of z / z0 in the exponential
+    z_min: float = 0.0  # smail: n(z) cut below
+    z_max: float = 3.0  # smail: n(z) cut above
+    z: Optional[list[float]] = None  # table: redshifts, increasing
+    nz: Optional[list[float]] = None  # table: n(z) at z (normalised by fli)
     n_gal: float = 10.0  # [arcmin^-2]
 
     def __post_init__(self) -> None:
@@ -165,6 +165,7 @@ class NzBinConfig:
 @dataclass
 class SurveyConfig:
     sigma_e: float = 0.26  # shape noise per galaxy (per component)
+    # tomographic bins, each its own map; a list of survey.bins[] entries
     bins: list[NzBinConfig] = field(default_factory=lambda: [
         NzBinConfig(z0=0.4, z_min=0.2, z_max=0.8, n_gal=10.0),
         NzBinConfig(z0=0.8, z_min=0.8, z_max=1.6, n_gal=10.0),
@@ -178,10 +179,10 @@ class SurveyConfig:
 
 @dataclass
 class DistributedConfig:
-    pdims: list[int] = field(default_factory=lambda: [1, 1])
+    pdims: list[int] = field(default_factory=lambda: [1, 1])  # 2D device mesh [px, py] the field is split over
     coordinator: Optional[str] = None  # "host:port"; None: auto-detect SLURM / Open MPI
-    num_processes: Optional[int] = None
-    process_id: Optional[int] = None
+    num_processes: Optional[int] = None  # with coordinator: processes in all
+    process_id: Optional[int] = None  # with coordinator: this process's rank
     local_device_count: Optional[int] = None  # CPU devices per process (CPU runs only)
 
     def __post_init__(self) -> None:
@@ -201,6 +202,8 @@ DIAGNOSE_KEYS = ("diagnose", "runs", "sweep")
 
 @dataclass
 class Config:
+    """The whole configuration: the groups below and the run's own keys."""
+
     cosmology: CosmologyConfig = field(default_factory=CosmologyConfig)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     lensing: LensingConfig = field(default_factory=LensingConfig)
@@ -209,13 +212,13 @@ class Config:
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
-    seed: int = 0
+    seed: int = 0  # the mock's white noise, the samplers' keys
     run_dir: Optional[str] = None  # default: outputs/<command>/<timestamp>
-    mock: Optional[str] = None  # path of a fli-mock run directory (for fli-map / fli-sample / fli-nuts)
+    mock: Optional[str] = None  # the observation: a fli-observe directory or a fli-mock run (observation=<dir> sets it)
     runs: Optional[list[str]] = None  # fli-diagnose: fli-sample/fli-nuts run directories
     sweep: Optional[str] = None  # fli-diagnose: a fli-sample/fli-nuts multirun directory (each job subdirectory a run)
     init: Optional[str] = None  # sampling start: null/"prior", "truth", a point (.json/.npz), a fli-map run dir
-    progress: bool = True
+    progress: bool = True  # progress lines with the time left on long stages
     compilation_cache: Optional[str] = "~/.cache/fli/jax"  # JAX's persistent compilation cache; null: off
     name: str = MISSING  # experiment name, set by the experiment file or config.yaml
 
