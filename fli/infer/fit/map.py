@@ -81,6 +81,11 @@ def _state(run: MapRun) -> dict:
     return {"params": run.params, "opt_state": run.opt_state, "key": jax.random.key_data(run.key)}
 
 
+def _left(seconds: float) -> str:
+    """A time left, as a progress line says it (the step budget's: the fit may stop sooner)."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
 def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger,
             estimators: Mapping[str, Estimator] | None = None) -> dict:
     """Fit (or resume) the MAP into ``run_dir``; returns the content of ``map.json``.
@@ -156,8 +161,9 @@ def fit_map(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger,
             return
         ph = {k: float(v) for k, v in params_fn(r.params.theta).items()}
         shown = " ".join(f"{k}={ph[k]:.4f}" for k in (*names, "S8") if k in ph)
-        log.info("step %d/%d loss %.6g |grad| %.3g %s %.2f s/step (stage %d)", r.step, mcfg.steps,
-                 float(info.loss), float(info.grad_norm), shown, dt, r.history[-1][4])
+        log.info("step %d/%d loss %.6g |grad| %.3g %s %.2f s/step, at most %s left (stage %d)", r.step, mcfg.steps,
+                 float(info.loss), float(info.grad_norm), shown, dt, _left((mcfg.steps - r.step) * dt),
+                 r.history[-1][4])
 
     predict = jax.jit(post.predict)  # the halo check at each checkpoint and finish() share its program
 

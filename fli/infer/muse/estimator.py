@@ -365,7 +365,9 @@ class Muse:
 
         def report(done):
             if done % every == 0 or done == total:
-                self.log.info("MUSE %s: %d/%d fits, %.1f s", what, done, total, time.perf_counter() - t0)
+                dt = time.perf_counter() - t0
+                left = f", about {dt / done * (total - done):.0f} s left" if 0 < done < total else ""
+                self.log.info("MUSE %s: %d/%d fits, %.1f s%s", what, done, total, dt, left)
             if done == total and self.at_budget:
                 self.log.warning("MUSE %s: %d of the fits ended at inference.map.muse.%s = %d with the "
                                  "gradient's RMS at %.3g-%.3g > gtol %.3g (the data and the simulations are fitted "
