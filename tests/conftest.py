@@ -44,7 +44,7 @@ def small_mock(tmp_path_factory):
 
 # --------------------------------------------------------------------------- the time budget
 # CI (.ci/run) runs the default set, then the slow set, on 2 cores: 7 and 40 minutes in all
-# (README, "Testing"). Every slow test states its measured cost in its mark,
+# (docs/contributing.md, "Tests"). Every slow test states its measured cost in its mark,
 # ``@pytest.mark.slow(seconds=40)``, set-up of the fixtures it is first to need included;
 # the session's summary puts the measured times beside the stated ones.
 DEFAULT_BUDGET_S, CI_BUDGET_S = 7 * 60, 40 * 60

@@ -1,11 +1,15 @@
 """``fli-pipeline``: from an observation to a diagnosed posterior in one command.
 
-``fli-pipeline [mock=<observation dir>] [overrides]``: a mock (unless ``mock=`` names an
-observation), the MAP (and MUSE where configured), chains started from the MAP, and their
-diagnosis, each stage in its own subdirectory of ``run_dir``. Started again on the same
-``run_dir`` it continues where it stopped. Its chains are 4 of MCLMC's, vectorised (``inference.kernel=mclmc
-inference.chains_per_run=4``, the best measured per gradient) unless the command line sets those keys. Exit status: the diagnosis's verdict, 0 pass, 3 warn,
-4 fail; 2 bad input. See :mod:`fli.pipeline`.
+``fli-pipeline [experiment=laptop] [observation=<dir>] [run_dir=<dir>] [overrides]``: a mock
+(unless ``observation=``, or its alias ``mock=``, names one: a fli-observe directory or a
+fli-mock run), the MAP (and MUSE with ``inference.map.estimator=muse``), chains started from
+the MAP, and their diagnosis, each stage in its own subdirectory of ``run_dir`` (mock/, map/,
+sample/, diagnose/ with report.html; pipeline.json with each stage's cost). Nothing is
+required. Started again on the same ``run_dir`` it continues where it stopped. Its chains are 4
+of MCLMC's, vectorised (``inference.kernel=mclmc inference.chains_per_run=4``, the best
+measured per gradient) unless the command line sets those keys. Exit status: the diagnosis's
+verdict, 0 pass, 3 warn, 4 fail; 2 bad input. Example:
+``fli-pipeline experiment=laptop run_dir=outputs/laptop``. See :mod:`fli.pipeline`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ _COLOURS = {"pass": "#1a7f37", "warn": "#b08800", "fail": "#cf222e", "n/a": "#57
 _CSS = """body{font-family:sans-serif;margin:1.5em auto;max-width:1100px;color:#1f2328}
 table{border-collapse:collapse;margin:0.6em 0}td,th{border:1px solid #d0d7de;padding:3px 8px;font-size:13px}
 th{background:#f6f8fa}td.num{text-align:right;font-family:monospace}.badge{color:#fff;padding:2px 8px;
-border-radius:4px;font-weight:bold}img{max-width:100%;border:1px solid #eee;margin:0.3em 0}
+border-radius:4px;font-weight:bold}img{max-width:min(100%,900px);border:1px solid #eee;margin:0.3em 0}
 figure{margin:1em 0}figcaption{font-size:13px;color:#57606a}
 pre{font-size:12px;background:#f6f8fa;padding:0.6em;overflow-x:auto}"""
 CAPTIONS = {
@@ -94,8 +94,8 @@ SECTIONS = {"observation": ("maps", "mass_maps", "residuals"),
 
 
 def render(report: dict, run_dir: Path) -> str:
-    """The page: what was run and what it cost, the observation and its prediction, the
-    parameters (estimates, corner), the field, every check's verdict, the chains, the config."""
+    """The page: what was run and what it cost, the parameters (estimates, corner), the
+    observation and its prediction, the field, every check's verdict, the chains, the config."""
     e = html.escape
     figs = dict(report.get("figures", {}))
 
@@ -116,8 +116,6 @@ def render(report: dict, run_dir: Path) -> str:
              + (f" Checks not passed: {e(', '.join(bad))}." if bad else " Every check passed.") + "</p>"]
     if report.get("stages"):
         parts += ["<h2>Stages and their cost</h2>", _stages(report["stages"])]
-    if any(n in figs for n in SECTIONS["observation"]):
-        parts += ["<h2>The observation and the posterior's prediction</h2>", figures(SECTIONS["observation"])]
     parts.append("<h2>Parameters</h2>")
     if report.get("estimates"):
         parts.append(_estimates(report["estimates"]))
@@ -129,6 +127,8 @@ def render(report: dict, run_dir: Path) -> str:
                           _n(v["ess_tail"], ".0f"), _n(v["mcse_mean"], ".2g"), _n(v["mcse_sd"], ".2g"),
                           _n(eff[k]["ess_bulk_per_1000_grads"], ".3g"), _n(eff[k]["ess_bulk_per_hour"], ".3g")]
                          for k, v in report["params"].items()]))
+    if any(n in figs for n in SECTIONS["observation"]):
+        parts += ["<h2>The observation and the posterior's prediction</h2>", figures(SECTIONS["observation"])]
     f = report["field"]
     parts.append("<h2>The field</h2>")
     parts.append(f"<p>{len(f['k'])} P(k) bins of the white noise; bulk ESS min {_n(f['ess_bulk_min'], '.0f')}, "
