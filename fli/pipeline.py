@@ -128,9 +128,15 @@ def run_pipeline(cfg: Config, resolved: dict, run_dir: Path, log: logging.Logger
     map_dir = str((run_dir / "map").absolute())
     with _stage(run_dir, "sample", log, costs) as d:  # a finished chain says so and returns
         run_chains(*_with(cfg, resolved, run_dir=str(d), mock=obs, init=map_dir), d, log, command="fli-sample")
-    with _stage(run_dir, "diagnose", log, costs) as d:
-        dcfg, dres = _with(cfg, resolved, run_dir=str(d), runs=[str((run_dir / "sample").absolute())])
-        report = run_diagnose(dcfg, dres, d, log)
+    with _stage(run_dir, "diagnose", log, costs) as d:  # one process reads the chains and writes the report
+        if jax.process_index() == 0:
+            dcfg, dres = _with(cfg, resolved, run_dir=str(d), runs=[str((run_dir / "sample").absolute())])
+            report = run_diagnose(dcfg, dres, d, log)
+        barrier("fli-pipeline-diagnosed")
+    if jax.process_index() != 0:
+        from fli.infer.diagnose.run import DIAGNOSTICS_JSON  # noqa: PLC0415
+
+        report = json.loads((run_dir / "diagnose" / DIAGNOSTICS_JSON).read_text())
     seconds = time.perf_counter() - t0
     if jax.process_index() == 0:
         summary = stage_costs(run_dir, costs, seconds, report)

@@ -66,7 +66,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_behind(small_disk, capsys):
     ("inference.num_sample=3", "did you mean inference.num_samples"),
     ("inference.map.stepz=3", "did you mean inference.map.steps"),
     ("simulation.zzz=3", "the keys of simulation are: mesh, box"),
-    ("experiment=tinyy", "did you mean experiment=tiny? the experiment options are cube, fine, tiny"),
+    ("experiment=tinyy", "did you mean experiment=tiny? the experiment options are cube, fine, laptop, tiny"),
     ("cosmology=planck", "the cosmology options are low_s8, planck18"),
     ("+seedd=1", "Key 'seedd' not in 'Config'; did you mean seed or sweep?"),
 ])
