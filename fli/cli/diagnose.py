@@ -4,7 +4,9 @@
 [``diagnose.*`` overrides] [``run_dir=...``]. Reads only complete chunks, so it runs while the
 chains still sample. Exit status: 0 pass, 3 warn, 4 fail (the report is written); 2 bad input
 (one ``fli-diagnose: error: ...`` line on stderr, no report), as for every fli command; 1 a
-crash. See :mod:`fli.infer.diagnose.run` and docs/diagnose.md.
+crash. Writes ``diagnostics.json``, ``chains.nc``, figures and ``report.html``; see
+:mod:`fli.infer.diagnose.run` and docs/diagnose.md. Example:
+``fli-diagnose runs=[outputs/sample/a,outputs/sample/b] run_dir=outputs/diagnose/ab``.
 """
 
 from __future__ import annotations

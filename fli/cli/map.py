@@ -1,9 +1,11 @@
 """``fli-map``: MAP of the cosmological parameters and the initial field, with a Laplace error,
 then MUSE where ``inference.map.estimator=muse``.
 
-``fli-map mock=<fli-mock run dir or observation dir> [overrides]``; resumable: started again
-on the same ``run_dir`` it continues from the last complete checkpoint. See
-:mod:`fli.infer.fit.map` for what it writes.
+``fli-map observation=<fli-observe dir or fli-mock run> [overrides]`` (``mock=`` is the same
+key; required); resumable: started again on the same ``run_dir`` it continues from the last
+complete checkpoint. Writes ``map.json`` (the MAP, its Laplace errors, MUSE's block),
+``map_field.zarr``, ``loss_history.csv``, checkpoints and figures; see :mod:`fli.infer.fit.map`.
+Example: ``fli-map experiment=laptop observation=outputs/mock/laptop run_dir=outputs/map/laptop``.
 """
 
 from __future__ import annotations

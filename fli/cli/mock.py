@@ -3,7 +3,8 @@
 The command around :func:`fli.mock.make_mock` and :func:`fli.mock.write_mock`, which write into
 its run directory: ``config.yaml`` (resolved), ``mock.zarr`` (see :mod:`fli.store.io`; readable with
 :func:`fli.store.io.load_mock` on any device layout), ``summary.json`` and figures (``kappa_maps.png``,
-``matter_power.png``, ``kappa_cl.png``).
+``matter_power.png``, ``kappa_cl.png``). Nothing is required. Example:
+``fli-mock experiment=laptop seed=3 run_dir=outputs/mock/laptop``.
 """
 
 from __future__ import annotations

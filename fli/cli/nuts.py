@@ -1,10 +1,11 @@
 """``fli-nuts``: NumPyro's NUTS or HMC over the cosmological parameters and the initial field.
 
-``fli-nuts mock=<fli-mock run dir or observation dir> [init=prior|truth|<fli-map run dir>]
-[inference.kernel=nuts|hmc] [overrides]``: ``fli-sample`` for NumPyro's two kernels, the same
+``fli-nuts observation=<fli-observe dir or fli-mock run> [init=prior|truth|<fli-map run dir>]
+[inference.kernel=nuts|hmc] [overrides]`` (``observation=``, or ``mock=``, required): ``fli-sample`` for NumPyro's two kernels, the same
 run and outputs (each command continues the other's runs); MCLMC runs through ``fli-sample``.
 Resumable: started again on the same ``run_dir`` it continues after the last complete chunk.
-See :mod:`fli.infer.sample.run` for what it writes and docs/nuts.md for how to use it.
+See :mod:`fli.infer.sample.run` for what it writes and docs/nuts.md for how to use it. Example:
+``fli-nuts experiment=tiny observation=outputs/mock/tiny init=outputs/map/tiny run_dir=outputs/nuts/tiny``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``fli-pipeline [experiment=laptop] [observation=<dir>] [run_dir=<dir>] [overrides]``: a mock
 (unless ``observation=``, or its alias ``mock=``, names one: a fli-observe directory or a
 fli-mock run), the MAP (and MUSE with ``inference.map.estimator=muse``), chains started from
-the MAP, and their diagnosis, each stage in its own subdirectory of ``run_dir`` (mock/, map/,
+the MAP, and their diagnosis; it writes each stage into its own subdirectory of ``run_dir`` (mock/, map/,
 sample/, diagnose/ with report.html; pipeline.json with each stage's cost). Nothing is
 required. Started again on the same ``run_dir`` it continues where it stopped. Its chains are 4
 of MCLMC's, vectorised (``inference.kernel=mclmc inference.chains_per_run=4``, the best

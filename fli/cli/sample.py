@@ -1,8 +1,11 @@
 """``fli-sample``: sample the cosmological parameters and the initial field with any kernel.
 
-``fli-sample mock=<fli-mock run dir or observation dir> [init=prior|truth|<fli-map run dir>]
-[inference.kernel=mclmc|adjusted_mclmc|nuts|hmc] [overrides]``; resumable: started again on the
-same ``run_dir`` it continues after the last complete chunk. Its kernel is MCLMC unless the
+``fli-sample observation=<fli-observe dir or fli-mock run> [init=prior|truth|<fli-map run dir>]
+[inference.kernel=mclmc|adjusted_mclmc|nuts|hmc] [overrides]`` (``observation=``, or ``mock=``,
+required); resumable: started again on the same ``run_dir`` it continues after the last complete
+chunk. Writes each chunk's draws (``chunks/``), ``posterior.nc`` (ArviZ), ``nuts.json``, the
+field's running mean and variance (``running.zarr``), thinned fields and checkpoints. Example:
+``fli-sample experiment=laptop observation=outputs/mock/laptop init=outputs/map/laptop run_dir=outputs/sample/laptop``. Its kernel is MCLMC unless the
 command line sets ``inference.kernel``: 2.9x NUTS's S8 effective samples per gradient on tiny
 PM (docs/benchmarks.md). Chains on a field above tiny's 16k cells start from a fli-map run
 (``init=<its run dir>``), or use fli-pipeline, which makes one. ``fli-nuts`` is the same command

@@ -310,3 +310,16 @@ def test_observation_names_the_data_and_mock_stays_its_alias(tmp_path, capsys):
     assert main_wrapper("probe", lambda *a: None, ["experiment=tiny", "observation=/a", "mock=/b", f"run_dir={run}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fli-probe: error: observation= and mock=") and not run.exists()
+
+
+@pytest.mark.parametrize("command", ["mock", "map", "sample", "nuts", "diagnose", "pipeline"])
+def test_each_commands_help_says_what_it_needs_writes_and_shows_an_example(command):
+    """--help prints the command's module docstring first (the test above): it names the keys a
+    run needs, what it writes and one command line to copy."""
+    import importlib
+
+    doc = importlib.import_module(f"fli.cli.{command}").__doc__
+    assert doc.startswith(f"``fli-{command}``:"), doc[:80]
+    assert "Example:" in doc and f"``fli-{command} " in doc.split("Example:")[1], doc
+    assert "writ" in doc.lower(), doc  # what it writes
+    assert ("required" in doc) or ("Nothing is" in doc) or ("runs=" in doc), doc  # what it needs

@@ -222,3 +222,32 @@ def test_report_renders_in_headless_chromium(tmp_path, config):
     r = subprocess.run([*base, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
     title = re.search(r"<title>(.*?)</title>", r.stdout)
     assert title and title.group(1) == "decoded:" + "1" * n_fig, (title and title.group(1), r.stderr[-2000:])
+
+
+def test_the_report_sets_the_posterior_beside_the_map_and_muse_of_the_start(tmp_path, config):
+    """Chains started from a fli-map run (init=<its dir>): the estimates table carries that run's
+    MAP, its Laplace sd and MUSE's mean and sd, the corner plot draws MUSE's Gaussian, and each
+    posterior row says how wide it is against the prior and (without a truth) nothing of one."""
+    fit = tmp_path / "map"
+    fit.mkdir()
+    muse = {"params": {"Omega_c": 0.27, "sigma8": 0.79, "Omega_m": 0.319, "S8": 0.815},
+            "sd": {"Omega_c": 0.03, "sigma8": 0.04, "Omega_m": 0.03, "S8": 0.05},
+            "theta_z": [-0.5, -0.03], "cov_z": [[0.04, -0.01], [-0.01, 0.03]]}
+    (fit / "map.json").write_text(json.dumps({
+        "params": {"Omega_c": 0.25, "sigma8": 0.85, "Omega_m": 0.299, "S8": 0.848},
+        "laplace": {"marginal": {"std": {"Omega_c": 0.02, "sigma8": 0.05}}}, "muse": muse}))
+    started = {**config, "init": str(fit)}
+    runs = [write_chain(tmp_path / f"c{j}", started, healthy(n=300, seed=j), seed=j) for j in range(2)]
+    out = tmp_path / "diag"
+    assert diagnose_main([f"runs=[{runs[0]},{runs[1]}]", f"run_dir={out}"]) in (0, 3, 4)
+    rep = json.loads((out / "diagnostics.json").read_text())
+    rows = {r["param"]: r for r in rep["estimates"]}
+    assert set(rows) == {"Omega_c", "sigma8", "S8"}
+    assert rows["sigma8"]["map"] == 0.85 and rows["sigma8"]["map_laplace_sd"] == 0.05
+    assert rows["S8"]["muse"] == 0.815 and rows["S8"]["muse_sd"] == 0.05 and rows["S8"]["map_laplace_sd"] is None
+    # the healthy chains: sigma8 0.80 +- 0.03 against the prior's uniform [0.5, 1.1] (sd 0.173)
+    assert abs(rows["sigma8"]["mean"] - 0.80) < 0.01 and 0.15 < rows["sigma8"]["sd_over_prior_sd"] < 0.2
+    assert rows["sigma8"]["truth"] is None and rows["sigma8"]["truth_in_interval99"] is None
+    assert (out / "corner.png").is_file() and "corner" in rep["figures"]
+    page = (out / "report.html").read_text()
+    assert "MUSE ± sd" in page and "0.815 &plusmn; 0.05" in page and "<h2>Configuration</h2>" in page
