@@ -84,10 +84,14 @@ def prior_draws(config: dict, n: int = 20000, seed: int = 0) -> dict[str, np.nda
     # of them was renamed (diagnose.energy_error_pass) would not validate
     cfg = to_config({k: v for k, v in config.items() if k != "hydra" and k not in DIAGNOSE})
     pt = PriorTransform.from_config(cfg.prior)
-    x = np.asarray(pt.sample(jax.random.PRNGKey(seed), (n,)), float)
-    p = {k: np.full(n, v) for k, v in cfg.cosmology.parameters().items()}
-    for i, name in enumerate(pt.names):
-        p[name] = x[:, i]
+    return _with_fixed(cfg, pt.names, np.asarray(pt.sample(jax.random.PRNGKey(seed), (n,)), float))
+
+
+def _with_fixed(cfg, names, x: np.ndarray) -> dict:
+    """Draws ``x`` ``[n, len(names)]`` of the sampled parameters with the others fixed at the
+    config's cosmology, derived parameters added."""
+    p = {k: np.full(x.shape[0], v) for k, v in cfg.cosmology.parameters().items()}
+    p.update({name: x[:, i] for i, name in enumerate(names)})
     return with_derived(p)
 
 
@@ -105,11 +109,7 @@ def latent_gaussian_draws(config: dict, mean_z, cov_z, n: int = 20000, seed: int
     cfg = to_config({k: v for k, v in config.items() if k != "hydra" and k not in DIAGNOSE})
     pt = PriorTransform.from_config(cfg.prior)
     z = np.random.default_rng(seed).multivariate_normal(np.asarray(mean_z, float), np.asarray(cov_z, float), n)
-    x = np.asarray(jax.vmap(pt)(jnp.asarray(z, jnp.float32)), float)
-    p = {k: np.full(n, v) for k, v in cfg.cosmology.parameters().items()}
-    for i, name in enumerate(pt.names):
-        p[name] = x[:, i]
-    return with_derived(p)
+    return _with_fixed(cfg, pt.names, np.asarray(jax.vmap(pt)(jnp.asarray(z, jnp.float32)), float))
 
 
 def start_of(config: dict, notes: list[str]) -> dict | None:
